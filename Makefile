@@ -1,0 +1,29 @@
+# `make test` and `make demo` each set up what they need in .venv first.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: test demo lint bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch is pinned to the local CPU wheel (an unpinned torch pulls GBs of CUDA packages).
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[torch,jax,test]"
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest -n 2 tests tgx
+
+demo: $(STAMP)
+	$(PY) examples/mlp.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check tgx tests bench examples
+
+bench: $(STAMP)
+	for f in bench/bench_*.py; do $(PY) $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,54 @@
+"""The tgx exception hierarchy and a cheap `check` helper.
+
+Every message names the op, the values involved and, where one exists, the user's
+file:line captured at trace time (see `tgx.tracing.user_frame`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+
+class TgxError(Exception):
+    """Base class of every error tgx raises on purpose."""
+
+
+class SymbolicShapeError(TgxError):
+    """A comparison of symbolic dims that cannot be decided, or a shape rule that fails."""
+
+
+class ShapeError(TgxError, ValueError):
+    """Operands whose shapes do not fit the op."""
+
+
+class DTypeError(TgxError, TypeError):
+    """Operands whose dtypes do not fit the op."""
+
+
+class TracerControlFlowError(TgxError):
+    """Python control flow (`if`, `bool()`, `int()`) on a value only known at run time."""
+
+
+class BindingError(TgxError, ValueError):
+    """A symbolic dim bound to two different values, or an argument that does not match."""
+
+
+class GraphCheckError(TgxError):
+    """An ill-formed graph: unbound variable, double assignment, wrong aval."""
+
+
+class KernelError(TgxError):
+    """No kernel can run an equation, or a kernel failed while running."""
+
+
+class OutOfMemory(TgxError, MemoryError):
+    """A plan needs more memory on a device than the budget allows."""
+
+
+def check(cond: bool, message: Callable[[], str] | str, exc: type[Exception] = ShapeError) -> None:
+    """Raise `exc(message)` unless `cond`; `message` may be a lambda so it is built lazily.
+
+    >>> check(1 + 1 == 2, lambda: "never built")
+    """
+    if not cond:
+        raise exc(message() if callable(message) else message)

@@ -1,0 +1,1 @@
+"""Interpreters over the IR: evaluation and the graph-to-graph transforms."""

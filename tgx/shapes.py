@@ -1,0 +1,470 @@
+"""Symbolic dims, dtypes and their promotion, `ShapedArray`, broadcasting.
+
+A dim is a Python `int` when it is known, else a sympy expression over positive integer
+symbols (`N`, `2*N`, `N + 1`). Comparisons are decided symbolically; an undecidable one
+raises `SymbolicShapeError` naming both expressions instead of guessing.
+
+sympy is slow, so everything that touches it is cached: symbols by name, equality by pair,
+and concrete dims never reach sympy at all.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+from collections.abc import Iterable, Sequence
+
+import ml_dtypes
+import numpy as np
+import sympy
+
+from .errors import DTypeError, ShapeError, SymbolicShapeError
+
+Dim = int | sympy.Expr
+Shape = tuple  # tuple[Dim, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# Symbolic dims
+
+
+@functools.cache
+def sym(name: str) -> sympy.Symbol:
+    """The positive integer symbol `name` (one object per name).
+
+    >>> sym("N") is sym("N")
+    True
+    """
+    if not name.isidentifier():
+        raise SymbolicShapeError(f"a symbolic dim must be a name like 'N' or 'seq', got {name!r}")
+    return sympy.Symbol(name, integer=True, positive=True)
+
+
+def as_dim(d: Any) -> Dim:
+    """Canonical dim: an int stays an int, a name becomes a symbol, an expression is expanded.
+
+    >>> as_dim("N"), as_dim(3), as_dim(sym("N") * 2 + 0)
+    (N, 3, 2*N)
+    """
+    if isinstance(d, (int, np.integer)) and not isinstance(d, bool):
+        if d < 0:
+            raise ShapeError(f"dims must be non-negative, got {d}")
+        return int(d)
+    if isinstance(d, str):
+        return sym(d)
+    if isinstance(d, sympy.Basic):
+        return _canon_expr(d)
+    raise ShapeError(f"a dim must be an int, a symbol name or a sympy expression, got {d!r}")
+
+
+@functools.lru_cache(maxsize=65536)
+def _canon_expr(e: sympy.Expr) -> Dim:
+    e = sympy.expand(e)
+    if e.is_Integer:
+        return int(e)
+    return e
+
+
+def is_concrete(d: Dim) -> bool:
+    return isinstance(d, int)
+
+
+def is_concrete_shape(shape: Shape) -> bool:
+    return all(type(d) is int for d in shape)
+
+
+def dim_eq(a: Dim, b: Dim) -> bool:
+    """Whether two dims are equal for every binding; raises when that depends on the binding.
+
+    >>> dim_eq(sym("N") * 2, sym("N") + sym("N"))
+    True
+    >>> dim_eq(sym("N"), 2 * sym("N"))
+    False
+    """
+    if type(a) is int and type(b) is int:
+        return a == b
+    return _sym_eq(a, b)
+
+
+@functools.lru_cache(maxsize=65536)
+def _sym_eq(a: Dim, b: Dim) -> bool:
+    diff = sympy.expand(sympy.sympify(a) - sympy.sympify(b))
+    if diff == 0:
+        return True
+    zero = diff.is_zero
+    if zero is False:
+        return False
+    raise SymbolicShapeError(
+        f"cannot decide whether {dim_str(a)} == {dim_str(b)}: it depends on the values of "
+        f"{', '.join(sorted(str(s) for s in diff.free_symbols))}"
+    )
+
+
+def dim_ge(a: Dim, b: Dim) -> bool:
+    """Whether a >= b for every binding; raises when that depends on the binding."""
+    if type(a) is int and type(b) is int:
+        return a >= b
+    return _sym_ge(a, b)
+
+
+@functools.lru_cache(maxsize=65536)
+def _sym_ge(a: Dim, b: Dim) -> bool:
+    diff = sympy.expand(sympy.sympify(a) - sympy.sympify(b))
+    nonneg = diff.is_nonnegative
+    if nonneg is None:
+        # Symbols are >= 1: substitute s = t + 1 with t >= 0 and try again.
+        shifted = sympy.expand(diff.subs({s: sympy.Symbol(s.name + "_", integer=True,
+                                                         nonnegative=True) + 1
+                                         for s in diff.free_symbols}))
+        nonneg = shifted.is_nonnegative
+        if nonneg is None and shifted.is_negative:
+            nonneg = False
+    if nonneg is None:
+        raise SymbolicShapeError(
+            f"cannot decide whether {dim_str(a)} >= {dim_str(b)}: it depends on the values of "
+            f"{', '.join(sorted(str(s) for s in diff.free_symbols))}"
+        )
+    return bool(nonneg)
+
+
+def dim_str(d: Dim) -> str:
+    if type(d) is int:
+        return str(d)
+    return str(d).replace(" ", "")
+
+
+def shape_str(shape: Shape) -> str:
+    return "(" + ", ".join(dim_str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def prod(dims: Iterable[Dim]) -> Dim:
+    """Product of dims, an int when every dim is concrete."""
+    out: Dim = 1
+    for d in dims:
+        out = out * d
+    return as_dim(out) if not isinstance(out, int) else out
+
+
+def dim_div(a: Dim, b: Dim, what: str) -> Dim:
+    """a / b, which must be an integer for every binding."""
+    if type(a) is int and type(b) is int:
+        if b == 0 or a % b:
+            raise ShapeError(f"{what}: {a} is not divisible by {b}")
+        return a // b
+    q = sympy.cancel(sympy.sympify(a) / sympy.sympify(b))
+    if q.is_integer is not True:
+        raise SymbolicShapeError(
+            f"{what}: cannot show that {dim_str(a)} is divisible by {dim_str(b)}")
+    return as_dim(q)
+
+
+def free_symbols(shape: Shape) -> set:
+    out: set = set()
+    for d in shape:
+        if type(d) is not int:
+            out |= d.free_symbols
+    return out
+
+
+def eval_dim(d: Dim, env: dict) -> int:
+    """A dim's value under a binding {symbol: int}."""
+    if type(d) is int:
+        return d
+    return int(d.xreplace(env))
+
+
+# ---------------------------------------------------------------------------------------------
+# Dtypes and promotion (the jax.numpy lattice, restricted to tgx's dtypes)
+
+bool_ = np.dtype(np.bool_)
+int32 = np.dtype(np.int32)
+int64 = np.dtype(np.int64)
+uint32 = np.dtype(np.uint32)
+float16 = np.dtype(np.float16)
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
+float32 = np.dtype(np.float32)
+float64 = np.dtype(np.float64)
+
+DTYPES = {d.name: d for d in (bool_, int32, int64, uint32, float16, bfloat16, float32, float64)}
+SHORT_NAMES = {bool_: "bool", int32: "i32", int64: "i64", uint32: "u32", float16: "f16",
+               bfloat16: "bf16", float32: "f32", float64: "f64"}
+_SHORT_TO_DTYPE = {v: k for k, v in SHORT_NAMES.items()}
+
+# Python scalars are weakly typed: they take the dtype of the array they meet. Alone they
+# materialise as torch's defaults (int64, float32), the natural choice for ML code.
+DEFAULT_INT = int64
+DEFAULT_FLOAT = float32
+
+_WEAK_INT, _WEAK_FLOAT = "i*", "f*"
+_LATTICE_UP = {
+    bool_: [_WEAK_INT],
+    _WEAK_INT: [uint32, int32],
+    uint32: [int64],
+    int32: [int64],
+    int64: [_WEAK_FLOAT],
+    _WEAK_FLOAT: [bfloat16, float16],
+    bfloat16: [float32],
+    float16: [float32],
+    float32: [float64],
+    float64: [],
+}
+
+
+def _upper_closure() -> dict:
+    up: dict = {}
+
+    def visit(n):
+        if n not in up:
+            s = {n}
+            for m in _LATTICE_UP[n]:
+                s |= visit(m)
+            up[n] = s
+        return up[n]
+
+    for n in _LATTICE_UP:
+        visit(n)
+    return up
+
+
+_UP = _upper_closure()
+
+
+@functools.cache
+def _lub(a, b):
+    common = _UP[a] & _UP[b]
+    for c in common:
+        if common <= _UP[c]:
+            return c
+    raise DTypeError(f"no common dtype for {a} and {b}")  # pragma: no cover - lattice is total
+
+
+def as_dtype(d: Any) -> np.dtype:
+    """Canonical numpy dtype for a name, a short name, a numpy/ml_dtypes type, or a torch/jax
+    dtype's string form.
+
+    >>> as_dtype("bf16") == bfloat16, as_dtype("float32")
+    (True, dtype('float32'))
+    """
+    if isinstance(d, np.dtype) and d in SHORT_NAMES:
+        return d
+    if isinstance(d, str):
+        name = d.replace("torch.", "")
+        if name in _SHORT_TO_DTYPE:
+            return _SHORT_TO_DTYPE[name]
+        if name in DTYPES:
+            return DTYPES[name]
+        if name == "bool_":
+            return bool_
+    elif d is bool:
+        return bool_
+    elif d is int:
+        return DEFAULT_INT
+    elif d is float:
+        return DEFAULT_FLOAT
+    else:
+        try:
+            nd = np.dtype(d)
+        except TypeError:
+            nd = None
+        if nd is not None and nd in SHORT_NAMES:
+            return nd
+        s = str(d).replace("torch.", "")
+        if s in DTYPES:
+            return DTYPES[s]
+    raise DTypeError(f"unsupported dtype {d!r}; tgx supports {', '.join(DTYPES)}")
+
+
+def _node(dtype: np.dtype, weak: bool):
+    if weak:
+        if dtype == bool_:
+            return bool_
+        return _WEAK_FLOAT if is_float(dtype) else _WEAK_INT
+    return dtype
+
+
+def promote(*avals_or_pairs) -> tuple[np.dtype, bool]:
+    """Result (dtype, weak_type) of combining operands, jax.numpy style.
+
+    Weakly typed Python scalars adopt the other operand's dtype:
+    >>> promote((float16, False), (float32, True))
+    (dtype('float16'), False)
+    >>> promote((int32, False), (float32, True))    # int array + 1.5 -> default float
+    (dtype('float32'), True)
+    """
+    node = None
+    for x in avals_or_pairs:
+        dt, weak = (x.dtype, x.weak_type) if isinstance(x, ShapedArray) else x
+        n = _node(dt, weak)
+        node = n if node is None else _lub(node, n)
+    if node == _WEAK_INT:
+        return DEFAULT_INT, True
+    if node == _WEAK_FLOAT:
+        # Strong ints with a weak float: JAX gives the default float, weakly typed.
+        return DEFAULT_FLOAT, True
+    return node, False
+
+
+def is_float(d: np.dtype) -> bool:
+    return d in (float16, bfloat16, float32, float64)
+
+
+def is_int(d: np.dtype) -> bool:
+    return d in (int32, int64, uint32)
+
+
+def finfo(d: np.dtype):
+    return ml_dtypes.finfo(d) if d == bfloat16 else np.finfo(d)
+
+
+# ---------------------------------------------------------------------------------------------
+# Abstract values
+
+
+@dataclass(frozen=True, slots=True)
+class ShapedArray:
+    """The abstract value of an array: a shape of dims and a dtype.
+
+    >>> ShapedArray((sym("N"), 784), float32)
+    f32[N,784]
+    """
+
+    shape: tuple
+    dtype: np.dtype
+    weak_type: bool = False
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> Dim:
+        return prod(self.shape)
+
+    @property
+    def nbytes(self) -> Dim:
+        return prod(self.shape) * self.dtype.itemsize
+
+    def strip_weak(self) -> ShapedArray:
+        return ShapedArray(self.shape, self.dtype) if self.weak_type else self
+
+    def update(self, shape=None, dtype=None, weak_type=None) -> ShapedArray:
+        return ShapedArray(self.shape if shape is None else tuple(shape),
+                           self.dtype if dtype is None else dtype,
+                           self.weak_type if weak_type is None else weak_type)
+
+    def str_short(self) -> str:
+        return f"{SHORT_NAMES[self.dtype]}[{','.join(dim_str(d) for d in self.shape)}]"
+
+    def __repr__(self) -> str:
+        return self.str_short()
+
+
+def Spec(shape: Sequence[Any], dtype: Any = "float32") -> ShapedArray:
+    """An abstract argument for tracing: each dim an int or a symbol name.
+
+    >>> Spec(("N", 640), "float32")
+    f32[N,640]
+    """
+    if isinstance(shape, (int, str)):
+        shape = (shape,)
+    return ShapedArray(tuple(as_dim(d) for d in shape), as_dtype(dtype))
+
+
+def aval_of(x: Any) -> ShapedArray:
+    """The abstract value of a concrete array or Python scalar."""
+    if isinstance(x, ShapedArray):
+        return x
+    if isinstance(x, (np.ndarray, np.generic)):  # before the Python checks: np.float64 is a float
+        return ShapedArray(tuple(int(d) for d in x.shape), as_dtype(x.dtype))
+    if isinstance(x, bool):
+        return ShapedArray((), bool_, False)
+    if isinstance(x, int):
+        return ShapedArray((), DEFAULT_INT, True)
+    if isinstance(x, float):
+        return ShapedArray((), DEFAULT_FLOAT, True)
+    if isinstance(x, (np.ndarray, np.generic)):
+        return ShapedArray(tuple(int(d) for d in x.shape), as_dtype(x.dtype))
+    shape = getattr(x, "shape", None)
+    dtype = getattr(x, "dtype", None)
+    if shape is not None and dtype is not None:  # torch / jax arrays
+        return ShapedArray(tuple(int(d) for d in shape), as_dtype(dtype))
+    raise TypeError(f"expected an array, a Python scalar or a tgx.Spec, got {type(x).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Broadcasting
+
+
+def broadcast_shapes(*shapes: Shape, op: str = "broadcast") -> Shape:
+    """NumPy broadcasting over symbolic dims.
+
+    >>> broadcast_shapes((sym("N"), 1), (1, 4))
+    (N, 4)
+    """
+    if len(shapes) == 1:
+        return tuple(shapes[0])
+    ndim = max(len(s) for s in shapes)
+    padded = [(1,) * (ndim - len(s)) + tuple(s) for s in shapes]
+    out = []
+    for i in range(ndim):
+        ds = [s[i] for s in padded]
+        res: Dim = 1
+        for d in ds:
+            if type(d) is int and d == 1:
+                continue
+            if type(res) is int and res == 1:
+                res = d
+                continue
+            try:
+                same = dim_eq(res, d)
+            except SymbolicShapeError as e:
+                raise SymbolicShapeError(
+                    f"{op}: cannot broadcast shapes {', '.join(shape_str(s) for s in shapes)}: "
+                    f"at axis {i - ndim}, {e}") from None
+            if not same:
+                raise ShapeError(
+                    f"{op}: incompatible shapes for broadcasting "
+                    f"{', '.join(shape_str(s) for s in shapes)} (axis {i - ndim}: "
+                    f"{dim_str(res)} vs {dim_str(d)})")
+        out.append(res)
+    return tuple(out)
+
+
+def shapes_equal(a: Shape, b: Shape) -> bool:
+    return len(a) == len(b) and all(dim_eq(x, y) for x, y in zip(a, b))
+
+
+def canonicalize_axis(axis: int, ndim: int, op: str) -> int:
+    if not -ndim <= axis < max(ndim, 1) or (ndim == 0 and axis not in (0, -1)):
+        raise ShapeError(f"{op}: axis {axis} is out of bounds for an array of rank {ndim}")
+    return axis % ndim if ndim else 0
+
+
+def canonicalize_axes(axis, ndim: int, op: str) -> tuple[int, ...]:
+    """`None` → all axes; an int or a sequence → sorted non-negative tuple without repeats."""
+    if axis is None:
+        return tuple(range(ndim))
+    if isinstance(axis, (int, np.integer)):
+        axis = (int(axis),)
+    out = tuple(sorted(canonicalize_axis(int(a), ndim, op) for a in axis))
+    if len(set(out)) != len(out):
+        raise ShapeError(f"{op}: repeated axis in {tuple(axis)}")
+    return out
+
+
+def ceil_div(a: Dim, b: int) -> Dim:
+    if type(a) is int:
+        return -(-a // b)
+    return as_dim(sympy.ceiling(sympy.sympify(a) / b))
+
+
+def dim_max0(d: Dim) -> Dim:
+    """max(d, 0), decided symbolically where possible."""
+    if type(d) is int:
+        return max(d, 0)
+    return d if dim_ge(d, 0) else 0
+
+
+math_prod = math.prod
