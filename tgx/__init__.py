@@ -7,22 +7,59 @@ on the fastest measured kernels.
 [f32[N]]
 """
 
+import importlib
+
 from . import primitives  # noqa: F401  (registers every primitive)
 from .core import Eqn, Graph, Literal, Primitive, SourceInfo, Var, check_graph
 from .errors import (
     BindingError, DTypeError, GraphCheckError, KernelError, OutOfMemory, ShapeError,
     SymbolicShapeError, TgxError, TracerControlFlowError,
 )
+from .interpreters.decompose import decompose
 from .interpreters.evaluate import eval_graph
 from .shapes import ShapedArray, Spec
 from .tracing import make_graph, register_pytree_node, tree_flatten, tree_map, tree_unflatten
 
 __version__ = "0.1.0"
 
+# Heavier parts load on first use, so `import tgx` stays fast and imports no torch or jax.
+_LAZY = {
+    "nn": "tgx.nn",
+    "random": "tgx.random",
+    "structural_hash": "tgx.graph",
+    "canonicalize": "tgx.graph",
+    "equivalent": "tgx.graph",
+    "find_pattern": "tgx.graph",
+    "replace_pattern": "tgx.graph",
+    "simplify": "tgx.interpreters.simplify",
+    "fuse": "tgx.interpreters.fuse",
+    "unroll": "tgx.interpreters.unroll",
+    "rebackend": "tgx.interpreters.rebackend",
+    "compile": "tgx.compile",
+    "Plan": "tgx.compile",
+    "candidates": "tgx.planning.candidates",
+    "Device": "tgx.runtime",
+    "CompiledGraph": "tgx.runtime",
+    "BenchmarkStore": "tgx.store",
+    "profile": "tgx.profiling",
+    "paths": "tgx.planning.paths",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tgx' has no attribute {name!r}")
+    mod = importlib.import_module(module)
+    value = mod if module.endswith("." + name) and name in ("nn", "random") else getattr(mod, name)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
     "BindingError", "DTypeError", "Eqn", "Graph", "GraphCheckError", "KernelError", "Literal",
     "OutOfMemory", "Primitive", "ShapeError", "ShapedArray", "SourceInfo", "Spec",
     "SymbolicShapeError", "TgxError", "TracerControlFlowError", "Var", "check_graph",
-    "eval_graph", "make_graph", "register_pytree_node", "tree_flatten", "tree_map",
-    "tree_unflatten",
+    "decompose", "eval_graph", "make_graph", "register_pytree_node", "tree_flatten", "tree_map",
+    "tree_unflatten", *_LAZY,
 ]

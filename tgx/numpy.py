@@ -19,6 +19,7 @@ import numpy as np
 import sympy
 
 from . import primitives as P
+from .core import Literal
 from .errors import DTypeError, ShapeError, TracerControlFlowError
 from .shapes import (
     DEFAULT_FLOAT, DEFAULT_INT, ShapedArray, as_dim, as_dtype, aval_of, bfloat16, bool_,
@@ -38,11 +39,12 @@ ndarray = np.ndarray
 
 
 def _aval(x: Any) -> ShapedArray:
-    return x.aval if isinstance(x, Tracer) else aval_of(x)
+    return x.aval if isinstance(x, (Tracer, Literal)) else aval_of(x)
 
 
 def _is_array(x: Any) -> bool:
-    return isinstance(x, (Tracer, np.ndarray, np.generic))
+    # Literals reach op wrappers when a transform re-runs a graph (tgx.interpreters.rewrite).
+    return isinstance(x, (Tracer, Literal, np.ndarray, np.generic))
 
 
 def asarray(x: Any, dtype=None):

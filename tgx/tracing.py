@@ -220,6 +220,8 @@ class GraphBuilder:
         self.consts: list[Any] = []
         self._const_ids: dict[int, Var] = {}
         self.level = len(_BUILDERS)
+        # Transforms re-emitting an equation keep the user's line of the original equation.
+        self.source_override: SourceInfo | None = None
 
     def __enter__(self):
         _BUILDERS.append(self)
@@ -238,6 +240,8 @@ class GraphBuilder:
                     "a traced value from another trace leaked into this one (a tracer kept in a "
                     "global or a closure of an outer traced function); pass it as an argument")
             return x.var
+        if isinstance(x, Literal):
+            return x
         if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
             return Literal(x, aval_of(x))
         if isinstance(x, np.generic) or (isinstance(x, np.ndarray) and x.ndim == 0):
@@ -257,7 +261,7 @@ class GraphBuilder:
 
     def process_primitive(self, prim: Primitive, args, params: Params):
         atoms = [self.to_atom(a) for a in args]
-        info = user_frame(3)
+        info = self.source_override or user_frame(3)
         try:
             out_avals = prim.abstract_eval(*[a.aval for a in atoms], **params)
         except TgxError as e:

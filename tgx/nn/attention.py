@@ -1,0 +1,1 @@
+"""Filled in by the op-catalogue work (issue 3)."""
