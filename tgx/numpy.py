@@ -39,7 +39,11 @@ ndarray = np.ndarray
 
 
 def _aval(x: Any) -> ShapedArray:
-    return x.aval if isinstance(x, (Tracer, Literal)) else aval_of(x)
+    if isinstance(x, (Tracer, Literal)):
+        return x.aval
+    if isinstance(x, sympy.Basic):  # a symbolic size used as a number (`x / x.shape[0]`)
+        return ShapedArray((), DEFAULT_INT if x.is_integer else DEFAULT_FLOAT, True)
+    return aval_of(x)
 
 
 def _is_array(x: Any) -> bool:
@@ -65,6 +69,8 @@ array = asarray
 
 
 def _cast(x: Any, dtype: np.dtype, weak: bool = False):
+    if isinstance(x, sympy.Basic):
+        return P.dim_as_value_p.bind(expr=x, dtype=dtype)
     if isinstance(x, (bool, int, float)):
         return np.asarray(x, dtype=dtype)[()]
     if isinstance(x, np.generic) or (isinstance(x, np.ndarray) and x.ndim == 0):

@@ -67,7 +67,8 @@ def _fmt_env(env: dict) -> str:
 def concretize(value: Any, env: dict) -> Any:
     """Substitute the binding into a param (sympy dims inside tuples become ints)."""
     if isinstance(value, sympy.Basic):
-        return int(value.xreplace(env))
+        v = sympy.sympify(value.xreplace(env))
+        return int(v) if v.is_integer else float(v)  # dim_as_value may hold 1/N, sqrt(D)
     if isinstance(value, tuple):
         return tuple(concretize(v, env) for v in value)
     return value
