@@ -7,7 +7,7 @@ outputs, or None to keep the equation as it is. The input graph is never mutated
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from ..core import Eqn, Graph, Literal
 from ..tracing import GraphBuilder
