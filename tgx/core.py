@@ -160,7 +160,8 @@ class Primitive:
       (None for atomic primitives)
 
     >>> p = Primitive("my_double_example")
-    >>> p.def_shape(lambda x: x); p.def_impl(lambda x: 2 * x)
+    >>> _ = p.def_shape(lambda x: x)
+    >>> _ = p.def_impl(lambda x: 2 * x)
     >>> int(p.bind(np.int64(4)))
     8
     """

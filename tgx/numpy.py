@@ -986,11 +986,15 @@ def _clamp(v, d, default):
     if isinstance(v, Tracer):
         raise TracerControlFlowError("slice bounds must be static (Python ints or symbolic dims), "
                                      "not traced values; use tnp.take or tnp.where")
-    v = as_dim(d + v) if isinstance(v, int) and v < 0 else as_dim(v)
-    if type(v) is int and type(d) is int:
+    if isinstance(v, int) and type(d) is int:
+        v = v + d if v < 0 else v
         return builtins.min(builtins.max(v, 0), d)
-    if type(v) is int and v < 0:
-        return 0
+    if isinstance(v, int) and v < 0:
+        v = as_dim(d + v)   # N-2: must be provably >= 0 (NumPy would clamp; we cannot know)
+        if not dim_ge(v, 0):
+            return 0
+        return v
+    v = as_dim(v)
     return v if dim_ge(d, v) else d
 
 
