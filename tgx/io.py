@@ -1,0 +1,87 @@
+"""Weights on disk: safetensors files to and from nested dicts/lists of arrays.
+
+Names are the pytree paths joined by dots (`layers.0.attn.wq`), the convention of PyTorch
+checkpoints, so a real checkpoint's names map onto a params tree directly.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+
+def flatten_names(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """`{"layers": [{"w": a}]}` → `{"layers.0.w": a}`.
+
+    >>> sorted(flatten_names({"b": [np.zeros(1)], "a": np.ones(2)}))
+    ['a', 'b.0']
+    """
+    out: dict[str, Any] = {}
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            out.update(flatten_names(v, f"{prefix}{k}."))
+    elif isinstance(tree, (list, tuple)):
+        for i, v in enumerate(tree):
+            out.update(flatten_names(v, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = tree
+    return out
+
+
+def unflatten_names(flat: dict[str, Any]) -> Any:
+    """The inverse of `flatten_names`: numeric path components become list indices."""
+    root: dict = {}
+    for name, value in flat.items():
+        node = root
+        *parents, leaf = name.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return _lists(root)
+
+
+def _lists(node: Any) -> Any:
+    if not isinstance(node, dict):
+        return node
+    node = {k: _lists(v) for k, v in node.items()}
+    if node and all(k.isdigit() for k in node):
+        return [node[str(i)] for i in range(len(node))]
+    return node
+
+
+def save_weights(path: str | os.PathLike, params: Any) -> None:
+    """Save a params tree of NumPy arrays as one safetensors file.
+
+    >>> import tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "w.safetensors")
+    >>> save_weights(p, {"layers": [{"w": np.ones((2, 2), np.float32)}]})
+    >>> load_weights(p)["layers"][0]["w"].shape
+    (2, 2)
+    """
+    from safetensors.numpy import save_file
+
+    flat = {k: np.ascontiguousarray(v) for k, v in flatten_names(params).items()}
+    save_file(flat, os.fspath(path))
+
+
+def load_weights(path: str | os.PathLike, *, backend: str = "numpy",
+                 device: str = "cpu") -> Any:
+    """Load a safetensors file into a params tree, straight onto `backend` ("numpy", "torch",
+    "jax") and `device` (torch: "cpu", "cuda:0")."""
+    path = os.fspath(path)
+    if backend == "torch":
+        from safetensors.torch import load_file as load_torch
+
+        return unflatten_names(load_torch(path, device=device))
+    from safetensors.numpy import load_file
+
+    flat = load_file(path)
+    if backend == "jax":
+        import jax.numpy as jnp
+
+        flat = {k: jnp.asarray(v) for k, v in flat.items()}
+    elif backend != "numpy":
+        raise ValueError(f"unknown backend {backend!r}; expected 'numpy', 'torch' or 'jax'")
+    return unflatten_names(flat)
