@@ -1,0 +1,212 @@
+"""The ``tgx`` command: environment, benchmark store and profiler.
+
+    tgx env
+    tgx store stats  [--store PATH]
+    tgx store best   --graph HASH [--workload KEY] [--env ID] [--store PATH]
+    tgx store export OUT.json [--store PATH]
+    tgx profile      [--store PATH] [--pending | SCRIPT.py] [--timeout S] [--isolate]
+
+Exit status: 0 success, 1 failure (message on stderr, traceback only with ``--debug``),
+2 usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+
+class CliError(Exception):
+    """A failure reported as one line on stderr, exit status 1."""
+
+
+def _open_store(path: str | None, *, create: bool = False) -> Any:
+    from tgx.store import BenchmarkStore, default_store_path
+
+    target = os.path.abspath(path or default_store_path())
+    if not create and not os.path.exists(target):
+        raise CliError(f"no benchmark store at {target} (give --store PATH or set $TGX_STORE)")
+    return BenchmarkStore(target)
+
+
+def _cmd_env(args: argparse.Namespace) -> int:
+    from tgx.store import format_environment, sniff_environment
+
+    print(format_environment(sniff_environment()))
+    return 0
+
+
+def _cmd_stats(args: argparse.Namespace) -> int:
+    with _open_store(args.store) as st:
+        s = st.stats()
+    size = s["size_bytes"]
+    print(f"store    {s['path']}")
+    print(f"schema   {s['schema_version']}  generation {s['generation']}  "
+          f"size {'unknown' if size is None else f'{size:,} bytes'}")
+    for table, n in s["counts"].items():
+        print(f"  {table:<17} {n:>8}")
+    for status, n in sorted(s["traces_by_status"].items()):
+        print(f"  traces {status:<19} {n:>8}")
+    return 0
+
+
+def _cmd_best(args: argparse.Namespace) -> int:
+    from tgx.profiling import format_seconds
+    from tgx.store import sniff_environment
+
+    env_id = args.env or sniff_environment()["id"]
+    with _open_store(args.store) as st:
+        keys = ([args.workload] if args.workload else
+                [w["key"] for w in st.workloads_for(args.graph, env_id)])
+        rows = [(w, st.best(args.graph, w, env_id, tolerance=args.tolerance)) for w in keys]
+    if not any(r for _, r in rows):
+        raise CliError(f"no PASSED trace for graph {args.graph} on {env_id}"
+                       + (f" and workload {args.workload}" if args.workload else ""))
+    print(f"graph {args.graph} on {env_id}")
+    for w, r in rows:
+        if r is None:
+            print(f"  {w}: none passed")
+        else:
+            err = "-" if r["max_rel_err"] is None else f"{r['max_rel_err']:.3g}"
+            print(f"  {w}: {r['impl']}  median {format_seconds(r['median_s'])}  "
+                  f"spread {r['spread'] or 0:.1%}  samples {r['samples']}  max_rel_err {err}")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    with _open_store(args.store) as st:
+        out = st.export(args.out)
+    print(f"exported {st.path} to {out}")
+    return 0
+
+
+def _jobs_from_script(path: str) -> list:
+    from tgx.profiling.runner import _load_script
+
+    if not os.path.isfile(path):
+        raise CliError(f"no such script: {path}")
+    module = _load_script(path)
+    if hasattr(module, "jobs") and callable(module.jobs):
+        jobs = module.jobs()
+    elif hasattr(module, "JOBS"):
+        jobs = module.JOBS
+    else:
+        raise CliError(f"{path} defines neither JOBS nor jobs()")
+    return list(jobs)
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from tgx.profiling import profile_many, summarize
+
+    if args.pending == bool(args.script):
+        raise _Usage("profile needs exactly one of SCRIPT.py or --pending")
+    with _open_store(args.store, create=True) as st:
+        if args.pending:
+            from tgx.profiling.pending import pending_jobs
+            from tgx.profiling.runner import _env_id
+
+            jobs = pending_jobs(st, _env_id(st))
+        else:
+            jobs = _jobs_from_script(args.script)
+        if not jobs:
+            print("nothing to profile")
+            return 0
+        kw: dict[str, Any] = {"isolate": args.isolate, "timeout_s": args.timeout}
+        if args.budget is not None:
+            kw["budget_s"] = args.budget
+        records = profile_many(jobs, store=st, progress=args.progress, **kw)
+    print(summarize(records))
+    return 0
+
+
+class _Usage(Exception):
+    """A usage error found after parsing: exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks of errors")
+    store_opt = argparse.ArgumentParser(add_help=False)
+    store_opt.add_argument("--store", metavar="PATH",
+                           help="store file (default $TGX_STORE or ~/.cache/tgx/store.json)")
+
+    p = argparse.ArgumentParser(prog="tgx", parents=[common],
+                                description="tgx: environment, benchmark store, profiler")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    e = sub.add_parser("env", parents=[common], help="describe this machine and its env id")
+    e.set_defaults(func=_cmd_env)
+
+    s = sub.add_parser("store", parents=[common], help="inspect the benchmark store")
+    ssub = s.add_subparsers(dest="store_command", metavar="ACTION", required=True)
+    st = ssub.add_parser("stats", parents=[common, store_opt], help="counts per table")
+    st.set_defaults(func=_cmd_stats)
+    b = ssub.add_parser("best", parents=[common, store_opt], help="fastest PASSED trace")
+    b.add_argument("--graph", required=True, metavar="HASH")
+    b.add_argument("--workload", metavar="KEY", help="default: every workload traced on ENV")
+    b.add_argument("--env", metavar="ID", help="default: this machine's environment id")
+    b.add_argument("--tolerance", type=float, help="maximum max_rel_err")
+    b.set_defaults(func=_cmd_best)
+    x = ssub.add_parser("export", parents=[common, store_opt], help="copy the store to JSON")
+    x.add_argument("out", metavar="OUT.json")
+    x.set_defaults(func=_cmd_export)
+
+    pr = sub.add_parser("profile", parents=[common, store_opt],
+                        help="profile the jobs of a script, or pending implementations")
+    pr.add_argument("script", nargs="?", metavar="SCRIPT.py",
+                    help="a script defining JOBS (a list of job specs) or jobs()")
+    pr.add_argument("--pending", action="store_true",
+                    help="profile implementations flagged pending in the store")
+    pr.add_argument("--timeout", type=_positive, default=30.0, metavar="S",
+                    help="per-job time limit in seconds, with --isolate (default 30)")
+    pr.add_argument("--isolate", action="store_true",
+                    help="run each job in a child process (crash/hang safe)")
+    pr.add_argument("--budget", type=_positive, metavar="S",
+                    help="timing budget per job in seconds (default 1)")
+    g = pr.add_mutually_exclusive_group()
+    g.add_argument("--progress", dest="progress", action="store_true", default=None,
+                   help="force the progress bar on")
+    g.add_argument("--no-progress", dest="progress", action="store_false")
+    pr.set_defaults(func=_cmd_profile)
+    return p
+
+
+def _positive(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not v > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return v
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``tgx`` command; returns the exit status (argparse exits 2 on bad usage)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    debug = getattr(args, "debug", False)
+    try:
+        return args.func(args)
+    except _Usage as err:
+        parser.print_usage(sys.stderr)
+        print(f"tgx: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("tgx: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # noqa: BLE001 - every failure becomes one clear line
+        if debug:
+            traceback.print_exc()
+        msg = str(err) if isinstance(err, CliError) else f"{type(err).__name__}: {err}"
+        print(f"tgx: error: {msg}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
