@@ -1,0 +1,213 @@
+"""`fuse`: group connected regions of elementwise equations (plus trailing reductions) into
+`fused` equations whose body is the region's sub-graph.
+
+Regions grow greedily in graph order: an elementwise equation joins the regions of the
+elementwise producers of its operands, and a reduction joins the region producing its operand
+as a trailing member (nothing in the region may consume a reduction's result). A merge that
+would create a cycle between regions (a path leaving the region and coming back) is refused.
+Regions of a single equation stay as they are.
+"""
+
+from __future__ import annotations
+
+from ..core import Eqn, Graph, Literal, Var
+from ..primitives import fused as _fused  # noqa: F401 - registers the `fused` primitive
+from ..primitives.fused import fused_p
+from ..tracing import GraphBuilder
+from .rewrite import rebind
+
+REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax"})
+
+
+def _fusible(e: Eqn) -> bool:
+    return e.primitive.elementwise and not e.primitive.multiple_results
+
+
+class _Regions:
+    """Union-find over equation indices, with the set of members per region root."""
+
+    def __init__(self, n: int):
+        self.parent = list(range(n))
+        self.members = {i: [i] for i in range(n)}
+        self.closed: set[int] = set()  # regions whose members include a reduction
+
+    def find(self, i: int) -> int:
+        while self.parent[i] != i:
+            self.parent[i] = self.parent[self.parent[i]]
+            i = self.parent[i]
+        return i
+
+    def union(self, a: int, b: int) -> int:
+        a, b = self.find(a), self.find(b)
+        if a == b:
+            return a
+        if len(self.members[a]) < len(self.members[b]):
+            a, b = b, a
+        self.parent[b] = a
+        self.members[a] += self.members.pop(b)
+        if b in self.closed:
+            self.closed.add(a)
+        return a
+
+
+def _regions(graph: Graph) -> _Regions:
+    eqns = graph.eqns
+    producer: dict[int, int] = {}
+    for i, e in enumerate(eqns):
+        for v in e.outvars:
+            producer[v.id] = i
+    preds = [sorted({producer[x.id] for x in e.invars
+                     if isinstance(x, Var) and x.id in producer}) for e in eqns]
+    R = _Regions(len(eqns))
+
+    def cycle_through_outside(targets: set[int]) -> bool:
+        """Whether a member of `targets` depends on another through an equation outside them."""
+        first = min(targets)
+        stack = [p for m in targets for p in preds[m] if p not in targets]
+        seen: set[int] = set()
+        while stack:
+            j = stack.pop()
+            if j in seen or j < first:
+                continue
+            seen.add(j)
+            for p in preds[j]:
+                if p in targets:
+                    return True
+                stack.append(p)
+        return False
+
+    for i, e in enumerate(eqns):
+        is_red = e.primitive.name in REDUCTIONS
+        if not (_fusible(e) or is_red):
+            continue
+        for p in preds[i]:
+            if not _fusible(eqns[p]) and eqns[p].primitive.name not in REDUCTIONS:
+                continue
+            rp, ri = R.find(p), R.find(i)
+            if rp == ri or rp in R.closed or (is_red and ri in R.closed):
+                continue
+            if eqns[p].primitive.name in REDUCTIONS:
+                continue  # a reduction's result leaves its region
+            targets = set(R.members[rp]) | set(R.members[ri])
+            if cycle_through_outside(targets):
+                continue
+            r = R.union(rp, ri)
+            if is_red:
+                R.closed.add(r)
+    return R
+
+
+def _body(graph: Graph, members: list[int], used_outside: set[int]) -> tuple[Graph, list, list]:
+    """The region as a closed graph: its inputs, outputs (outer atoms) and the body."""
+    eqns = [graph.eqns[i] for i in sorted(members)]
+    defined = {v.id for e in eqns for v in e.outvars}
+    env: dict[int, Var] = {}
+    inputs: list = []
+    for e in eqns:
+        for x in e.invars:
+            if isinstance(x, Var) and x.id not in defined and x.id not in env:
+                env[x.id] = Var(x.aval)
+                inputs.append(x)
+    body_in = [env[x.id] for x in inputs]
+    new_eqns = []
+    for e in eqns:
+        ins = tuple(x if isinstance(x, Literal) else env[x.id] for x in e.invars)
+        outs = []
+        for v in e.outvars:
+            env[v.id] = Var(v.aval)
+            outs.append(env[v.id])
+        new_eqns.append(Eqn(e.primitive, ins, tuple(outs), e.params, e.source_info))
+    outputs = [v for e in eqns for v in e.outvars if v.id in used_outside]
+    body = Graph((), (), body_in, [env[v.id] for v in outputs], new_eqns)
+    return body, inputs, outputs
+
+
+def fuse(graph: Graph, *, min_size: int = 2) -> Graph:
+    """A new graph where maximal elementwise regions (plus trailing reductions) are `fused`
+    equations.
+
+    >>> import tgx, tgx.numpy as tnp
+    >>> g = tgx.make_graph(lambda x: tnp.sum(tnp.exp(x) * 2.0 + x))(tgx.Spec(("N",)))
+    >>> [e.primitive.name for e in tgx.fuse(g).eqns]
+    ['fused']
+    """
+    R = _regions(graph)
+    eqns = graph.eqns
+    roots = {R.find(i) for i in range(len(eqns))}
+    regions = {r: sorted(R.members[r]) for r in roots if len(R.members[r]) >= min_size}
+    region_of = {i: r for r, ms in regions.items() for i in ms}
+
+    # Values read outside their region (or graph outputs) become region outputs.
+    producer = {v.id: i for i, e in enumerate(eqns) for v in e.outvars}
+    used_outside: set[int] = {v.id for v in graph.outvars if isinstance(v, Var)}
+    for i, e in enumerate(eqns):
+        for x in e.invars:
+            if isinstance(x, Var) and x.id in producer:
+                p = producer[x.id]
+                if p in region_of and region_of.get(i) != region_of[p]:
+                    used_outside.add(x.id)
+
+    # Condensed graph: nodes are regions (keyed by root) or single equations; topological
+    # order with ties broken by the first equation index keeps the graph's own order.
+    node_of = {i: ("r", region_of[i]) if i in region_of else ("e", i) for i in range(len(eqns))}
+    first = {}
+    for i in range(len(eqns)):
+        first.setdefault(node_of[i], i)
+    deps: dict = {n: set() for n in first}
+    for i, e in enumerate(eqns):
+        for x in e.invars:
+            if isinstance(x, Var) and x.id in producer:
+                src = node_of[producer[x.id]]
+                if src != node_of[i]:
+                    deps[node_of[i]].add(src)
+    order = _toposort(deps, first)
+
+    with GraphBuilder() as b:
+        args = [b.new_arg(v.aval, v.hint) for v in graph.invars]
+        env: dict = {v.id: a for v, a in zip(graph.invars, args)}
+        for v, c in zip(graph.constvars, graph.consts):
+            env[v.id] = c
+
+        def read(x):
+            return x if isinstance(x, Literal) else env[x.id]
+
+        for kind, key in order:
+            if kind == "e":
+                e = eqns[key]
+                b.source_override = e.source_info
+                outs = rebind(e, [read(x) for x in e.invars])
+                for v, o in zip(e.outvars, outs):
+                    env[v.id] = o
+                continue
+            members = regions[key]
+            body, inputs, outputs = _body(graph, members, used_outside)
+            b.source_override = eqns[members[0]].source_info
+            outs = fused_p.bind(*[read(x) for x in inputs], graph=body)
+            for v, o in zip(outputs, outs):
+                env[v.id] = o
+        b.source_override = None
+        return b.build([a.var for a in args], [read(v) for v in graph.outvars],
+                       graph.in_tree, graph.out_tree)
+
+
+def _toposort(deps: dict, first: dict) -> list:
+    import heapq
+
+    users: dict = {n: [] for n in deps}
+    missing = {n: len(d) for n, d in deps.items()}
+    for n, d in deps.items():
+        for s in d:
+            users[s].append(n)
+    ready = [(first[n], n) for n, k in missing.items() if k == 0]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        _, n = heapq.heappop(ready)
+        out.append(n)
+        for u in users[n]:
+            missing[u] -= 1
+            if missing[u] == 0:
+                heapq.heappush(ready, (first[u], u))
+    if len(out) != len(deps):
+        raise AssertionError("fuse produced a cycle between regions")  # guarded by _regions
+    return out
