@@ -69,11 +69,32 @@ class Literal:
 Atom = Var | Literal
 
 
+def _typed(v):
+    # 1, 1.0 and True are == in Python; params that differ in type must not compare equal.
+    if isinstance(v, tuple):
+        return (tuple, tuple(_typed(x) for x in v))
+    return (type(v), v)
+
+
 class Params(dict):
-    """Immutable, hashable equation parameters (values must be hashable: tuples, not lists)."""
+    """Immutable, hashable equation parameters (values must be hashable: tuples, not lists).
+
+    Equality is type-aware: `Params(axis=1) != Params(axis=True)`.
+    """
+
+    def _key(self):
+        return tuple(sorted((k, _typed(v)) for k, v in self.items()))
 
     def __hash__(self):  # type: ignore[override]
-        return hash(tuple(sorted(self.items())))
+        return hash(self._key())
+
+    def __eq__(self, other):
+        if isinstance(other, Params):
+            return self._key() == other._key()
+        return dict.__eq__(self, other)
+
+    def __ne__(self, other):
+        return not self == other
 
     def _immutable(self, *a, **k):
         raise TypeError("equation params are immutable; build a new Eqn instead")

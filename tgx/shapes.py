@@ -433,7 +433,17 @@ def broadcast_shapes(*shapes: Shape, op: str = "broadcast") -> Shape:
 
 
 def shapes_equal(a: Shape, b: Shape) -> bool:
+    """Equal for every binding; raises `SymbolicShapeError` when that depends on the binding."""
     return len(a) == len(b) and all(dim_eq(x, y) for x, y in zip(a, b))
+
+
+def shapes_provably_equal(a: Shape, b: Shape) -> bool:
+    """Equal for every binding; False when unequal *or* undecidable (for rewrites that must
+    only fire when they are safe)."""
+    try:
+        return shapes_equal(a, b)
+    except SymbolicShapeError:
+        return False
 
 
 def canonicalize_axis(axis: int, ndim: int, op: str) -> int:
