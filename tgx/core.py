@@ -239,9 +239,14 @@ class Primitive:
 
         trace = current_trace_for(args)
         if trace is None:
-            outs = self.impl(*[np.asarray(a) if not isinstance(a, (np.ndarray, np.generic)) else a
-                               for a in args], **params)
-            return outs
+            # Eager: validate with the shape rule (clear errors), then run the NumPy reference.
+            arrays = [a if isinstance(a, (np.ndarray, np.generic)) else np.asarray(a)
+                      for a in args]
+            avals = self.abstract_eval(*[aval_of(a) for a in arrays], **params)
+            outs = self.impl(*arrays, **params)
+            if not self.multiple_results:
+                return np.asarray(outs, dtype=avals[0].dtype)
+            return [np.asarray(o, dtype=a.dtype) for o, a in zip(outs, avals)]
         return trace.process_primitive(self, args, Params(params))
 
 
