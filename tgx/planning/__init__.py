@@ -1,0 +1,1 @@
+"""Planning: execution paths, cost model, selection policies and the static memory planner."""
