@@ -154,14 +154,9 @@ def _round_toward_neg_inf_mask(r, y, dtype):
 
 
 def remainder(x, y):
-    """x mod y with the sign of y (Python/NumPy semantics)."""
+    """x mod y with the sign of y (Python/NumPy semantics); composite `mod`."""
     (x, y), dtype, _ = _promoted(x, y)
-    if is_float(dtype):
-        return P.sub_p.bind(x, P.mul_p.bind(P.floor_p.bind(P.div_p.bind(x, y)), y))
-    q = P.div_p.bind(x, y)
-    r = P.sub_p.bind(x, P.mul_p.bind(q, y))
-    adjust = _round_toward_neg_inf_mask(r, y, dtype)
-    return P.select_p.bind(adjust, P.add_p.bind(r, y), r)
+    return P.mod_p.bind(_as_operand(x), _as_operand(y))
 
 
 mod = remainder
@@ -233,9 +228,10 @@ around = round
 
 
 def absolute(x):
+    """|x| (composite `abs`); bool passes through."""
     if _aval(x).dtype == bool_:
         return x
-    return where(less(x, 0), negative(x), x)
+    return P.abs_p.bind(_as_operand(x))
 
 
 abs = absolute  # noqa: A001
@@ -250,11 +246,13 @@ def minimum(x, y):
 
 
 def square(x):
-    return multiply(x, x)
+    """x * x (composite `square`)."""
+    return P.square_p.bind(_as_operand(x))
 
 
 def reciprocal(x):
-    return divide(1, x)
+    """1 / x (composite `reciprocal`); integers become the default float."""
+    return _unary_float(P.reciprocal_p, _as_operand(x))
 
 
 # comparisons and logic
@@ -347,11 +345,21 @@ def where(condition, x=None, y=None):
 
 
 def clip(x, a_min=None, a_max=None):
-    if a_min is not None:
-        x = maximum(x, a_min)
-    if a_max is not None:
-        x = minimum(x, a_max)
-    return x
+    """min(max(x, a_min), a_max) (composite `clip`); a missing bound is not applied."""
+    if a_min is None and a_max is None:
+        return x
+    dtype = _aval(x).dtype
+    lo = a_min if a_min is not None else _bound(dtype, False)
+    hi = a_max if a_max is not None else _bound(dtype, True)
+    (x, lo, hi), _, _ = _promoted(x, lo, hi)
+    return P.clip_p.bind(*[_as_operand(v) for v in (x, lo, hi)])
+
+
+def _bound(dtype, upper: bool):
+    if is_float(dtype):
+        return np.asarray(np.inf if upper else -np.inf, dtype)
+    info = np.iinfo(dtype)
+    return np.asarray(info.max if upper else info.min, dtype)
 
 
 def astype(x, dtype):
@@ -416,16 +424,13 @@ def all(x, axis=None, keepdims=False):  # noqa: A001
 
 
 def mean(x, axis=None, dtype=None, keepdims=False):
-    """Arithmetic mean; the count may be symbolic (`dim_as_value`)."""
+    """Arithmetic mean (composite `mean`); the count may be symbolic (`dim_as_value`)."""
     a = _aval(x)
-    axes = canonicalize_axes(axis, a.ndim, "mean")
     if dtype is not None:
         x = astype(x, dtype)
     elif not is_float(a.dtype):
         x = astype(x, DEFAULT_FLOAT)
-    total = sum(x, axis=axes, keepdims=keepdims)
-    n = _prod_dims([a.shape[i] for i in axes])
-    return divide(total, _shape_value(n, _aval(total).dtype))
+    return _reduce(P.mean_p, _as_operand(x), axis, keepdims)
 
 
 def _prod_dims(dims):
@@ -452,9 +457,19 @@ def argmax(x, axis=None, keepdims=False):
 
 
 def argmin(x, axis=None, keepdims=False):
+    """Index of the first minimum (flattened when `axis` is None), as int64 (composite)."""
     a = _aval(x)
-    flipped = logical_not(x) if a.dtype == bool_ else negative(x)
-    return argmax(flipped, axis=axis, keepdims=keepdims)
+    if axis is None:
+        x = reshape(x, (-1,))
+        axis = 0
+    axis = canonicalize_axis(axis, _aval(x).ndim, "argmin")
+    out = P.argmin_p.bind(x, axis=axis, index_dtype=DEFAULT_INT)
+    if keepdims:
+        shape = list(a.shape) if a.ndim else []
+        if shape:
+            shape[axis] = 1
+        out = reshape(out, tuple(shape))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1077,3 +1092,256 @@ for _name, _fn in _METHODS.items():
 Tracer.T = property(lambda x: transpose(x))
 Tracer.mT = property(lambda x: swapaxes(x, -1, -2))
 Tracer.__hash__ = object.__hash__  # __eq__ is elementwise; identity hashing stays usable
+
+
+# ---------------------------------------------------------------------------------------------
+# Composite math (tgx/primitives/math.py): each binds one composite primitive.
+
+
+def _unary_composite(prim, doc: str):
+    def fn(x):
+        return _unary_float(prim, _as_operand(x))
+
+    fn.__name__ = prim.name
+    fn.__doc__ = doc
+    return fn
+
+
+tanh = _unary_composite(P.tanh_p, "Hyperbolic tangent, overflow-free: expm1(-2|x|) inside.")
+log1p = _unary_composite(P.log1p_p, "log(1 + x), accurate for tiny x (Kahan's trick).")
+expm1 = _unary_composite(P.expm1_p, "exp(x) - 1, accurate for tiny x.")
+tan = _unary_composite(P.tan_p, "Tangent: sin / cos.")
+arcsin = _unary_composite(P.arcsin_p, "Inverse sine (NaN outside [-1, 1]).")
+arccos = _unary_composite(P.arccos_p, "Inverse cosine (NaN outside [-1, 1]).")
+sinh = _unary_composite(P.sinh_p, "Hyperbolic sine.")
+cosh = _unary_composite(P.cosh_p, "Hyperbolic cosine.")
+arcsinh = _unary_composite(P.arcsinh_p, "Inverse hyperbolic sine.")
+arccosh = _unary_composite(P.arccosh_p, "Inverse hyperbolic cosine (NaN below 1).")
+arctanh = _unary_composite(P.arctanh_p, "Inverse hyperbolic tangent (NaN outside [-1, 1]).")
+rsqrt = _unary_composite(P.rsqrt_p, "1 / sqrt(x), as jax.lax.rsqrt.")
+erfinv = _unary_composite(P.erfinv_p, "Inverse error function (single-precision accuracy in "
+                                      "the decomposition).")
+asin, acos, asinh, acosh, atanh = arcsin, arccos, arcsinh, arccosh, arctanh
+
+
+def sign(x):
+    """-1, 0 or 1 by the sign of x (NaN stays NaN); integers stay integers."""
+    if _aval(x).dtype == bool_:
+        return x
+    return P.sign_p.bind(_as_operand(x))
+
+
+def ceil(x):
+    """Smallest integer >= x; integers pass through."""
+    return x if is_int(_aval(x).dtype) else _unary_float(P.ceil_p, _as_operand(x))
+
+
+def arctan2(y, x):
+    """Angle of the point (x, y) in (-pi, pi], elementwise with broadcasting."""
+    y, x = _float_args(y, x)
+    return P.arctan2_p.bind(_as_operand(y), _as_operand(x))
+
+
+atan2 = arctan2
+
+
+def logaddexp(x, y):
+    """log(exp(x) + exp(y)) without overflow: max + log1p(exp(-|x - y|))."""
+    x, y = _float_args(x, y)
+    m = maximum(x, y)
+    d = subtract(x, y)
+    # x == y == ±inf gives d = NaN; the max is then the answer.
+    safe = where(equal(x, y), zeros_like(d), d)
+    return add(m, log1p(exp(negative(absolute(safe)))))
+
+
+# ---------------------------------------------------------------------------------------------
+# Composite reductions (tgx/primitives/reduce_composite.py)
+
+
+def _moment(prim, x, axis, dtype, ddof, keepdims, correction):
+    if correction is not None:
+        ddof = correction
+    a = _aval(x)
+    if dtype is not None:
+        x = astype(x, dtype)
+    elif not is_float(a.dtype):
+        x = astype(x, DEFAULT_FLOAT)
+    axes = canonicalize_axes(axis, a.ndim, prim.name)
+    out = prim.bind(_as_operand(x), axes=axes, ddof=int(ddof))
+    if keepdims:
+        out = reshape(out, tuple(1 if i in axes else d for i, d in enumerate(a.shape)))
+    return out
+
+
+def var(x, axis=None, dtype=None, ddof=0, keepdims=False, *, correction=None):
+    """Variance over `axis` with `ddof` (or torch/array-API `correction`) degrees of freedom.
+
+    >>> float(var(np.array([1.0, 2.0, 3.0, 4.0]), ddof=1))
+    1.6666666666666667
+    """
+    return _moment(P.var_p, x, axis, dtype, ddof, keepdims, correction)
+
+
+def std(x, axis=None, dtype=None, ddof=0, keepdims=False, *, correction=None):
+    """Standard deviation: sqrt(var(...))."""
+    return _moment(P.std_p, x, axis, dtype, ddof, keepdims, correction)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tensor ops (cumsum is a composite; the rest is pure data movement)
+
+
+def cumsum(x, axis=None, dtype=None):
+    """Inclusive cumulative sum (flattened when `axis` is None); bool and int32 accumulate as
+    the default int, like `sum`.
+
+    >>> cumsum(np.array([1, 2, 3]))
+    array([1, 3, 6])
+    """
+    a = _aval(x)
+    if axis is None:
+        x = ravel(x)
+        axis = 0
+    if dtype is not None:
+        x = astype(x, dtype)
+    elif a.dtype == bool_ or a.dtype == int32:
+        x = astype(x, DEFAULT_INT)
+    axis = canonicalize_axis(axis, _aval(x).ndim, "cumsum")
+    return P.cumsum_p.bind(_as_operand(x), axis=axis, reverse=False)
+
+
+def slice_axis(x, axis: int, start, stop):
+    """x[..., start:stop, ...] along one axis; bounds are ints or symbolic dims."""
+    a = _aval(x)
+    axis = canonicalize_axis(axis, a.ndim, "slice_axis")
+    starts, limits = [0] * a.ndim, list(a.shape)
+    starts[axis], limits[axis] = as_dim(start), as_dim(stop)
+    if builtins.all(type(s) is int and s == 0 for s in starts) and dim_eq(limits[axis],
+                                                                          a.shape[axis]):
+        return x
+    return P.slice_p.bind(x, start_indices=tuple(starts), limit_indices=tuple(limits),
+                          strides=None)
+
+
+def split(x, indices_or_sections, axis: int = 0):
+    """NumPy split: into equal sections (must divide the axis) or at the given indices."""
+    a = _aval(x)
+    axis = canonicalize_axis(axis, a.ndim, "split")
+    d = a.shape[axis]
+    if isinstance(indices_or_sections, int):
+        n = indices_or_sections
+        size = dim_div(d, n, f"split: array split does not result in an equal division "
+                             f"({dim_str(d)} into {n})")
+        bounds = [as_dim(i * size) for i in range(n + 1)]
+    else:
+        bounds = [0] + [as_dim(i) if i >= 0 else as_dim(d + i) for i in indices_or_sections]
+        bounds.append(d)
+    return [slice_axis(x, axis, lo, hi if dim_ge(hi, lo) else lo)
+            for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def array_split(x, sections: int, axis: int = 0):
+    """NumPy array_split: `sections` parts, the first ones one longer (concrete axis only)."""
+    a = _aval(x)
+    axis = canonicalize_axis(axis, a.ndim, "array_split")
+    d = a.shape[axis]
+    if type(d) is not int:
+        raise NotImplementedError("array_split needs a concrete axis length; use split")
+    q, r = divmod(d, sections)
+    sizes = [q + 1] * r + [q] * (sections - r)
+    return split(x, list(np.cumsum(sizes)[:-1].tolist()), axis)
+
+
+def chunk(x, chunks: int, dim: int = 0):
+    """torch.chunk: parts of ceil(d / chunks) elements (the last may be shorter or absent)."""
+    a = _aval(x)
+    dim = canonicalize_axis(dim, a.ndim, "chunk")
+    d = a.shape[dim]
+    if type(d) is not int:
+        return split(x, chunks, dim)
+    size = -(-d // chunks)
+    return split(x, list(range(size, d, size)), dim)
+
+
+def tile(x, reps):
+    """NumPy tile: repeat the whole array `reps` times along each axis."""
+    reps = (reps,) if isinstance(reps, int) else tuple(reps)
+    a = _aval(x)
+    x = _as_operand(x)
+    n = builtins.max(a.ndim, len(reps))
+    shape = (1,) * (n - a.ndim) + tuple(a.shape)
+    reps = (1,) * (n - len(reps)) + reps
+    x = reshape(x, shape)
+    big = []
+    for r, d in zip(reps, shape):
+        big += [r, d]
+    out = P.broadcast_in_dim_p.bind(x, shape=tuple(big),
+                                    broadcast_dimensions=tuple(range(1, 2 * n, 2)))
+    return reshape(out, tuple(as_dim(r * d) for r, d in zip(reps, shape)))
+
+
+def repeat(x, repeats, axis=None):
+    """Repeat each element `repeats` times along `axis` (flattened when None): NumPy repeat,
+    torch repeat_interleave. `repeats` is an int or a concrete sequence of ints."""
+    if axis is None:
+        x = ravel(x)
+        axis = 0
+    a = _aval(x)
+    axis = canonicalize_axis(axis, a.ndim, "repeat")
+    x = _as_operand(x)
+    if isinstance(repeats, (int, np.integer)) or (np.ndim(repeats) == 0 and not isinstance(
+            repeats, Tracer)):
+        r = int(repeats)
+        shape = a.shape[:axis + 1] + (r,) + a.shape[axis + 1:]
+        dims = tuple(i if i <= axis else i + 1 for i in range(a.ndim))
+        out = P.broadcast_in_dim_p.bind(x, shape=shape, broadcast_dimensions=dims)
+        return reshape(out, a.shape[:axis] + (as_dim(a.shape[axis] * r),) + a.shape[axis + 1:])
+    if isinstance(repeats, Tracer):
+        raise TracerControlFlowError("repeat with traced repeats has a data-dependent shape")
+    idx = np.repeat(np.arange(len(repeats)), np.asarray(repeats))
+    return P.gather_p.bind(x, idx.astype(np.int64), axis=axis)
+
+
+def roll(x, shift, axis=None):
+    """Elements shifted by `shift` along `axis` (cyclically; flattened when None)."""
+    if axis is None:
+        a = _aval(x)
+        return reshape(roll(ravel(x), shift, 0), a.shape)
+    if isinstance(shift, (tuple, list)) or isinstance(axis, (tuple, list)):
+        shifts = shift if isinstance(shift, (tuple, list)) else [shift] * len(axis)
+        for s, ax in zip(shifts, axis):
+            x = roll(x, s, ax)
+        return x
+    a = _aval(x)
+    axis = canonicalize_axis(axis, a.ndim, "roll")
+    d = a.shape[axis]
+    if type(d) is int:
+        if d == 0:
+            return x
+        shift = int(shift) % d
+        if shift == 0:
+            return x
+    elif shift < 0:
+        shift = as_dim(d + shift)  # assumes |shift| <= d
+    cut = as_dim(d - shift)
+    return concatenate([slice_axis(x, axis, cut, d), slice_axis(x, axis, 0, cut)], axis=axis)
+
+
+def vstack(arrays):
+    """Stack along the first axis (1-D arrays become rows)."""
+    return concatenate([reshape(x, (1, -1)) if _aval(x).ndim < 2 else x for x in arrays], 0)
+
+
+def hstack(arrays):
+    """Stack along the second axis (the first for 1-D arrays)."""
+    arrays = list(arrays)
+    return concatenate(arrays, 0 if _aval(arrays[0]).ndim == 1 else 1)
+
+
+row_stack = vstack
+
+# (no `var` method: `Tracer.var` is the tracer's graph variable)
+for _name, _fn in {"std": std, "cumsum": cumsum, "repeat": repeat}.items():
+    _METHODS[_name] = _fn
+    setattr(Tracer, _name, _fn)

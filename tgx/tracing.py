@@ -309,10 +309,14 @@ def _arg_aval(x: Any, path: str) -> ShapedArray:
         ) from None
 
 
-def trace_to_graph(f: Callable, in_avals_tree: Any, hints: list | None = None) -> Graph:
-    """Trace `f` on a pytree of avals (the leaves) into a Graph."""
+def trace_to_graph(f: Callable, in_avals_tree: Any, hints: list | None = None,
+                   source_info: SourceInfo | None = None) -> Graph:
+    """Trace `f` on a pytree of avals (the leaves) into a Graph; `source_info`, when given,
+    is recorded on every equation instead of the caller's line (decompositions keep the line of
+    the equation they expand)."""
     leaves, in_tree = tree_flatten(in_avals_tree)
     with GraphBuilder() as b:
+        b.source_override = source_info
         tracers = [b.new_arg(a, (hints or [None] * len(leaves))[i]) for i, a in enumerate(leaves)]
         args, kwargs = tree_unflatten(in_tree, tracers)
         out = f(*args, **kwargs)

@@ -10,7 +10,8 @@ symbolic dims at several bindings, the fully decomposed graph, and every backend
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 

@@ -47,4 +47,4 @@ def decomposition_graph(eqn: Eqn) -> Graph:
         out = p.decomposition(*xs, **params)
         return list(out) if p.multiple_results else out
 
-    return trace_to_graph(body, ([x.aval for x in eqn.invars], {}))
+    return trace_to_graph(body, ([x.aval for x in eqn.invars], {}), source_info=eqn.source_info)
