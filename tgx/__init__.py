@@ -35,8 +35,8 @@ _LAZY = {
     "fuse": "tgx.interpreters.fuse",
     "unroll": "tgx.interpreters.unroll",
     "rebackend": "tgx.interpreters.rebackend",
-    "compile": "tgx.compile",
-    "Plan": "tgx.compile",
+    "compile": "tgx.compiler",   # a module named `compile` would shadow the function
+    "Plan": "tgx.compiler",
     "candidates": "tgx.planning.candidates",
     "Device": "tgx.runtime",
     "CompiledGraph": "tgx.runtime",

@@ -1,0 +1,281 @@
+"""`tgx.compile`: trace once per abstract signature, plan, and run a flat instruction list.
+
+>>> import numpy as np, tgx, tgx.numpy as tnp
+>>> @tgx.compile(backends=["numpy"], dynamic={"x": {0: "N"}})
+... def f(x):
+...     return tnp.sum(tnp.exp(x) * 2.0, axis=1)
+>>> f(np.zeros((5, 3), np.float32)).shape, f(np.zeros((9, 3), np.float32)).shape
+((5,), (9,))
+>>> f.trace_count
+1
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+
+from .core import Graph
+from .errors import BindingError, OutOfMemory
+from .interpreters.lower import OWNED, lower
+from .interpreters.rebackend import BackendGraph, rebackend
+from .planning.memory import format_bytes
+from .planning.policies import (
+    assign_backends, check_backends, choose_kernels, decompose_unsupported, primary_backend,
+)
+from .shapes import ShapedArray, Spec, aval_of, shape_str
+from .tracing import leaf_names, trace_to_graph, tree_flatten, tree_unflatten
+
+POLICIES = ("heuristic", "fastest", "explore")
+
+
+def check_budget(memory, budget, dims: Mapping[str, int]) -> dict[str, int]:
+    """Raise `OutOfMemory` (device, need, budget) before any kernel runs; returns the need."""
+    need = estimate(memory, dims)
+    for dev, nbytes in need.items():
+        limit = budget.get(dev) if isinstance(budget, Mapping) else budget
+        if limit is not None and nbytes > limit:
+            at = ", ".join(f"{k}={v}" for k, v in dims.items())
+            raise OutOfMemory(f"plan needs {format_bytes(nbytes)} on {dev}"
+                              f"{f' at {at}' if at else ''} (workspace, library-owned "
+                              f"intermediates and weights) but memory_budget is "
+                              f"{format_bytes(limit)}")
+    return need
+
+
+def estimate(memory, dims: Mapping[str, int]) -> dict[str, int]:
+    """Bytes per real device: workspace + library-owned live set + persistent buffers."""
+    if memory is None:
+        return {}
+    per = memory.estimate_memory(**dims)
+    out: dict[str, int] = {}
+    for dev, nbytes in per.items():
+        real = dev.split("/")[0]
+        out[real] = out.get(real, 0) + nbytes
+    return out
+
+
+class Plan:
+    """One choice per equation, the transfers, the flat schedule and the buffer plan.
+
+    `print(plan)` shows them; `plan.run(*args)` runs; `plan.estimate_memory(N=...)` gives
+    bytes per device; `plan.memory` is the `MemoryPlan`.
+    """
+
+    def __init__(self, graph: Graph, bgraph: BackendGraph, kernels: list, compiled,
+                 policy: str, memory_budget=None, return_backend_arrays: bool = False):
+        self.source_graph = graph
+        self.graph = bgraph
+        self.kernels = kernels
+        self.compiled = compiled
+        self.policy = policy
+        self.memory_budget = memory_budget
+        self.return_backend_arrays = return_backend_arrays
+        compiled.memory_budget = memory_budget
+
+    @property
+    def memory(self):
+        return self.compiled.memory
+
+    @property
+    def symbols(self) -> tuple:
+        return self.compiled.symbols
+
+    def estimate_memory(self, **dims: int) -> dict[str, int]:
+        """Bytes per device at this binding of the symbolic dims (no allocation)."""
+        return estimate(self.memory, dims)
+
+    def check_budget(self, budget, **dims: int) -> dict[str, int]:
+        return check_budget(self.memory, budget, dims)
+
+    def transfers(self) -> list[tuple[int, str, object]]:
+        """(equation index, destination backend, bytes) of every copy_to."""
+        return [(i, e.params["backend"], e.invars[0].aval.nbytes)
+                for i, e in enumerate(self.graph.eqns) if e.primitive.name == "copy_to"]
+
+    def run(self, *args, **kwargs):
+        """Run on arguments shaped like the traced function's (pytrees of arrays)."""
+        g = self.graph
+        leaves, _ = tree_flatten((args, kwargs)) if g.in_tree is not None else (list(args), None)
+        return self.run_flat(leaves)
+
+    def run_flat(self, leaves):
+        outs = self.compiled.run_flat(leaves)
+        if self.graph.out_tree is not None:
+            return tree_unflatten(self.graph.out_tree, outs)
+        return outs[0] if len(outs) == 1 else outs
+
+    __call__ = run
+
+    def summary(self) -> str:
+        counts: dict[str, int] = {}
+        for b in self.graph.backends:
+            counts[b] = counts.get(b, 0) + 1
+        per = ", ".join(f"{n} on {b}" for b, n in counts.items())
+        return (f"{len(self.graph.eqns)} equations ({per}), {len(self.transfers())} transfers, "
+                f"{len(self.compiled)} instructions")
+
+    def __str__(self) -> str:
+        from .pretty import pp_eqn, var_namer
+
+        name = var_namer(self.graph)
+        lines = [f"Plan (policy {self.policy}): {self.summary()}", "equations:"]
+        for i, (e, k) in enumerate(zip(self.graph.eqns, self.kernels)):
+            lines.append(f"  {i:>3} {k!r:<28} {pp_eqn(e, name)}")
+        tr = self.transfers()
+        total = sum((b for _, _, b in tr), 0)
+        lines.append(f"transfers: {len(tr)}" + (f", {total} bytes in all" if tr else ""))
+        for i, b, nbytes in tr:
+            lines.append(f"  eqn {i}: → {b}, {nbytes} bytes")
+        lines.append("schedule:")
+        for t, ins in enumerate(self.compiled.instructions):
+            lines.append(f"  {t:>3} {ins.label} ins={list(ins.ins)} outs={list(ins.outs)}"
+                         + (" [workspace]" if ins.outs and ins.outs[0] in self.compiled.workspace
+                            else ""))
+        mem = self.memory
+        if mem is not None:
+            lines.append("buffer plan:")
+            lines.extend("  " + line for line in str(mem).split("\n"))
+            hint = {s: 64 for s in mem.symbols}
+            est = self.estimate_memory(**hint)
+            at = ", ".join(f"{k}={v}" for k, v in hint.items())
+            lines.append(f"  estimate{f' at {at}' if at else ''}: "
+                         + ", ".join(f"{d}: {format_bytes(b)}" for d, b in est.items())
+                         + f" (values on {OWNED} are owned by their library)")
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def plan_graph(graph: Graph, *, policy: str = "heuristic", backends: Sequence[str] | None = None,
+               memory_budget=None, return_backend_arrays: bool = False,
+               in_names: Sequence[str] | None = None) -> Plan:
+    """Choose a kernel per equation of `graph`, insert transfers, lower: a `Plan`."""
+    if policy not in POLICIES:
+        raise ValueError(f"unknown policy {policy!r} (expected one of {POLICIES})")
+    if policy != "heuristic":
+        raise NotImplementedError(f"policy {policy!r} needs the benchmark store and comes with "
+                                  f"the selection work; use policy='heuristic'")
+    backends = check_backends(backends)
+    g = decompose_unsupported(graph, backends, primary_backend(backends))
+    assign = assign_backends(g, backends)
+    bg = rebackend(g, assign, outputs=None if return_backend_arrays else "numpy")
+    kernels = choose_kernels(bg, bg.backends)
+    cg = lower(bg, kernels, in_names=in_names)
+    return Plan(graph, bg, kernels, cg, policy, memory_budget, return_backend_arrays)
+
+
+class Compiled:
+    """A function compiled by `tgx.compile`: call it, or `.lower(...)` it to see the `Plan`."""
+
+    def __init__(self, fn: Callable, *, policy="heuristic", backends=None, dynamic=None,
+                 store=None, tolerance=None, memory_budget=None, return_backend_arrays=False):
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r} (expected one of {POLICIES})")
+        if policy != "heuristic":
+            raise NotImplementedError(f"policy {policy!r} needs the benchmark store and comes "
+                                      f"with the selection work; use policy='heuristic'")
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.policy = policy
+        self.backends = None if backends is None else list(backends)
+        if self.backends is not None:
+            check_backends(self.backends)
+        self.dynamic = dict(dynamic or {})
+        self.store = store          # kept for the selection policies ("fastest", "explore")
+        self.tolerance = tolerance  # idem
+        self.memory_budget = memory_budget
+        self.return_backend_arrays = return_backend_arrays
+        self.trace_count = 0
+        self._plans: dict[Any, Plan] = {}
+        self._fast: dict[Any, Plan] = {}  # concrete (tree, shapes, dtypes) -> plan
+        try:
+            self._params = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            self._params = []
+        unknown = set(self.dynamic) - set(self._params)
+        if unknown and self._params:
+            raise ValueError(f"dynamic names unknown arguments {sorted(unknown)} of "
+                             f"{fn.__name__}{inspect.signature(fn)}")
+
+    # -- abstract signature -----------------------------------------------------------------
+    def _abstract(self, args, kwargs):
+        leaves, tree = tree_flatten((args, kwargs))
+        owners = []
+        for i, a in enumerate(args):
+            n = len(tree_flatten(a)[0])
+            owners += [self._params[i] if i < len(self._params) else f"args[{i}]"] * n
+        for k, v in kwargs.items():
+            owners += [k] * len(tree_flatten(v)[0])
+        names = leaf_names(tree, len(leaves))
+        avals = [self._aval(x, owner, name) for x, owner, name in zip(leaves, owners, names)]
+        return leaves, tree, tuple(avals), names
+
+    def _aval(self, x, owner: str, name: str) -> ShapedArray:
+        a = x if isinstance(x, ShapedArray) else aval_of(x)
+        dyn = self.dynamic.get(owner)
+        if not dyn:
+            return a
+        shape = list(a.shape)
+        for ax, sym in dyn.items():
+            if not -len(shape) <= ax < len(shape):
+                raise BindingError(f"argument {name}: dynamic axis {ax} ({sym}) out of range "
+                                   f"for shape {shape_str(a.shape)}")
+            shape[ax] = sym
+        return Spec(tuple(shape), a.dtype)
+
+    def _plan(self, tree, avals, names) -> Plan:
+        key = (tree, avals)
+        plan = self._plans.get(key)
+        if plan is None:
+            graph = trace_to_graph(self.fn, tree_unflatten(tree, list(avals)))
+            self.trace_count += 1
+            plan = plan_graph(graph, policy=self.policy, backends=self.backends,
+                              memory_budget=self.memory_budget,
+                              return_backend_arrays=self.return_backend_arrays, in_names=names)
+            self._plans[key] = plan
+        return plan
+
+    def lower(self, *args, **kwargs) -> Plan:
+        """The `Plan` for arguments given as arrays or `tgx.Spec`s (symbolic names allowed)."""
+        _, tree, avals, names = self._abstract(args, kwargs)
+        return self._plan(tree, avals, names)
+
+    def __call__(self, *args, **kwargs):
+        leaves, tree = tree_flatten((args, kwargs))
+        try:  # fast path: the concrete signature seen before
+            key = (tree, tuple((x.shape, x.dtype) for x in leaves))
+            plan = self._fast.get(key)
+        except AttributeError:  # Python scalars among the leaves
+            key, plan = None, None
+        if plan is None:
+            _, tree, avals, names = self._abstract(args, kwargs)
+            plan = self._plans.get((tree, avals)) or self._plan(tree, avals, names)
+            if key is not None:
+                self._fast[key] = plan
+        return plan.run_flat(leaves)
+
+    def __repr__(self) -> str:
+        return f"<tgx.compile {getattr(self.fn, '__name__', self.fn)!r}: {len(self._plans)} plans>"
+
+
+def compile(fn: Callable | None = None, *, policy: str = "heuristic",  # noqa: A001
+            backends: Sequence[str] | None = None, dynamic: Mapping | None = None,
+            store=None, tolerance: float | None = None, memory_budget=None,
+            return_backend_arrays: bool = False):
+    """Compile `fn`: trace per abstract signature, choose kernels, plan buffers, run flat.
+
+    Usable as `@tgx.compile` or `@tgx.compile(backends=["torch"], dynamic={"x": {0: "N"}})`.
+    Axes declared in `dynamic` (argument name → {axis: symbol}) stay symbolic, so new sizes
+    reuse the plan. `memory_budget` (bytes, or {device: bytes}) raises `tgx.OutOfMemory`
+    before any kernel runs. `store`/`tolerance` are kept for the measured policies.
+    """
+    kw = dict(policy=policy, backends=backends, dynamic=dynamic, store=store,
+              tolerance=tolerance, memory_budget=memory_budget,
+              return_backend_arrays=return_backend_arrays)
+    if fn is None:
+        return lambda f: Compiled(f, **kw)
+    return Compiled(fn, **kw)

@@ -1,0 +1,278 @@
+"""`lower`: a backend-annotated graph and one kernel per equation → `CompiledGraph`.
+
+Steps, each a plain function:
+1. `schedule`: equations in order; maximal runs of consecutive jax equations (transfers
+   excluded) become one `jax.jit` region, so a whole-graph-on-jax plan is one XLA call.
+2. slots: every value gets an index in one flat list; literals and constants are converted
+   to their consumer's backend once, at lowering.
+3. `buffer_requests` → `tgx.planning.memory.plan_memory`: liveness over the schedule; values
+   written by `out=` kernels on the CPU go into one 64-byte aligned workspace (in place of an
+   elementwise input that dies there); other values are owned by their library (XLA, torch,
+   NumPy allocations) and accounted on a pseudo-device `<device>/owned`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import sympy
+
+from ..core import Graph, Literal, Var
+from ..planning.memory import BufferRequest, plan_memory
+from ..runtime import CompiledGraph, Instruction, kernel_callable
+from ..shapes import eval_dim, free_symbols, shapes_equal
+from ..tracing import leaf_names
+from .evaluate import concretize
+from .rebackend import graph_backends
+
+OWNED = "cpu/owned"
+
+
+def _to_backend(value, backend: str):
+    from ..lowerings.transfers import CONVERTERS
+
+    return CONVERTERS[backend](value)
+
+
+def _params(eqn, dims):
+    return {k: concretize(v, dims) for k, v in eqn.params.items()}
+
+
+def _single(eqn, kernel, backend):
+    def build(dims, out):
+        params = _params(eqn, dims)
+        if kernel.writes_out and out is None:  # not in the workspace: a fresh array per call
+            return _fresh_out(kernel.fn, params, eqn.outvars[0].aval, dims, backend)
+        fn = kernel_callable(kernel, params, out if kernel.writes_out else None)
+        if not kernel.dtype_exact and not eqn.primitive.multiple_results:
+            return _cast(fn, eqn.outvars[0].aval.dtype)
+        return fn
+    return build
+
+
+def _cast(fn, dtype):
+    def run(*xs):
+        r = fn(*xs)
+        return r if r.dtype == dtype else r.astype(dtype)
+    return run
+
+
+def _fresh_out(fn, params, aval, dims, backend):
+    shape = tuple(eval_dim(d, dims) for d in aval.shape)
+    if backend == "torch":
+        import torch
+
+        from ..lowerings.transfers import torch_dtype
+
+        tdt = torch_dtype(aval.dtype)
+
+        def run_torch(*xs):
+            return fn(*xs, out=torch.empty(shape, dtype=tdt, device=xs[0].device), **params)
+        return run_torch
+    dtype = aval.dtype
+
+    def run(*xs):
+        return fn(*xs, out=np.empty(shape, dtype), **params)
+    return run
+
+
+def _jax_region(eqns, kernels, in_vars, out_vars):
+    def build(dims, out):
+        import jax
+        import jax.numpy as jnp
+
+        steps = [(k.fn, _params(e, dims), e) for e, k in zip(eqns, kernels)]
+
+        def region(*xs):
+            env = {v.id: x for v, x in zip(in_vars, xs)}
+            for fn, params, e in steps:
+                args = [jnp.asarray(a.val, a.aval.dtype) if isinstance(a, Literal) else env[a.id]
+                        for a in e.invars]
+                r = fn(*args, **params)
+                if not e.primitive.multiple_results:
+                    r = [r]
+                for v, o in zip(e.outvars, r):
+                    env[v.id] = o
+            return tuple(env[v.id] for v in out_vars)
+
+        return jax.jit(region)
+    return build
+
+
+def _is_transfer(eqn) -> bool:
+    return eqn.primitive.name == "copy_to"
+
+
+def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = None,
+          fuse_jax: bool = True, use_workspace: bool = True, device: str = "cpu"
+          ) -> CompiledGraph:
+    """Lower `graph` (a `BackendGraph` or a plain graph on NumPy) with `kernels[i]` running
+    equation i."""
+    backends = graph_backends(graph)
+    slot: dict[int, int] = {}
+
+    def slot_of(v: Var) -> int:
+        s = slot.get(v.id)
+        if s is None:
+            s = slot[v.id] = len(slot)
+        return s
+
+    consts: dict[int, object] = {}
+    lit_slots: dict[tuple, int] = {}
+    const_value = {v.id: c for v, c in zip(graph.constvars, graph.consts)}
+
+    def lit_slot(a: Literal, backend: str) -> int:
+        key = (repr(a.val), a.aval.dtype.str, backend)
+        s = lit_slots.get(key)
+        if s is None:
+            s = lit_slots[key] = 1_000_000_000 + len(lit_slots)  # renumbered below
+            consts[s] = _to_backend(np.asarray(a.val, a.aval.dtype), backend)
+        return s
+
+    for v, c in zip(graph.constvars, graph.consts):
+        consts[slot_of(v)] = np.asarray(c)
+    in_slots = [slot_of(v) for v in graph.invars]
+
+    # -- schedule: single kernels and jax regions -------------------------------------------
+    instrs: list[Instruction] = []
+    i, eqns = 0, graph.eqns
+    while i < len(eqns):
+        e, b, k = eqns[i], backends[i], kernels[i]
+        if fuse_jax and b == "jax" and not _is_transfer(e):
+            j = i
+            while j < len(eqns) and backends[j] == "jax" and not _is_transfer(eqns[j]):
+                j += 1
+            if j - i > 1:
+                instrs.append(_region_instruction(graph, eqns[i:j], kernels[i:j], slot_of,
+                                                  range(i, j), j))
+                i = j
+                continue
+        # a copy_to of a constant is folded now: weights are converted once
+        if _is_transfer(e) and isinstance(e.invars[0], Var) and e.invars[0].id in const_value:
+            consts[slot_of(e.outvars[0])] = _to_backend(const_value[e.invars[0].id],
+                                                        e.params["backend"])
+            i += 1
+            continue
+        ins = tuple(lit_slot(a, b) if isinstance(a, Literal) else slot_of(a) for a in e.invars)
+        view = k.returns_view or (_is_transfer(e) and e.params.get("device", "cpu") == device)
+        instrs.append(Instruction(
+            repr(k), b, _single(e, k, b), ins, tuple(slot_of(v) for v in e.outvars),
+            tuple(v.aval for v in e.outvars), (i,), k.writes_out and len(e.outvars) == 1,
+            view, k.inplace_ok))
+        i += 1
+
+    out_slots = [lit_slot(v, "numpy") if isinstance(v, Literal) else slot_of(v)
+                 for v in graph.outvars]
+    # literal slots were numbered out of range; move them after the values
+    remap = {s: len(slot) + n for n, s in enumerate(sorted(lit_slots.values()))}
+    consts = {remap.get(s, s): c for s, c in consts.items()}
+    for ins in instrs:
+        ins.ins = tuple(remap.get(s, s) for s in ins.ins)
+    out_slots = [remap.get(s, s) for s in out_slots]
+    n_slots = len(slot) + len(lit_slots)
+
+    symbols = sorted(set().union(*[free_symbols(v.aval.shape) for v in graph.invars]),
+                     key=lambda s: s.name)
+    workspace, memory, dead = plan_buffers(graph, instrs, in_slots, out_slots, consts, slot,
+                                           use_workspace, device)
+    names = list(in_names) if in_names else leaf_names(graph.in_tree, len(graph.invars))
+    return CompiledGraph(n_slots=n_slots, in_slots=in_slots, in_avals=graph.in_avals,
+                         in_names=names, out_slots=out_slots, consts=consts,
+                         instructions=instrs, dead=dead, workspace=workspace, memory=memory,
+                         symbols=symbols)
+
+
+def _region_instruction(graph, eqns, kernels, slot_of, idx, end):
+    defined = {v.id for e in eqns for v in e.outvars}
+    in_vars, seen = [], set()
+    for e in eqns:
+        for a in e.invars:
+            if isinstance(a, Var) and a.id not in defined and a.id not in seen:
+                seen.add(a.id)
+                in_vars.append(a)
+    later = {a.id for e in graph.eqns[end:] for a in e.invars if isinstance(a, Var)}
+    later |= {v.id for v in graph.outvars if isinstance(v, Var)}
+    out_vars = [v for e in eqns for v in e.outvars if v.id in later]
+    label = f"jax.jit[{len(eqns)} eqns: " + " ".join(e.primitive.name for e in eqns[:6]) + (
+        " …]" if len(eqns) > 6 else "]")
+    return Instruction(label, "jax", _jax_region(eqns, kernels, in_vars, out_vars),
+                       tuple(slot_of(v) for v in in_vars), tuple(slot_of(v) for v in out_vars),
+                       tuple(v.aval for v in out_vars), tuple(idx))
+
+
+def _nbytes(aval):
+    n = aval.nbytes
+    return n if type(n) is int else sympy.expand(n)
+
+
+def plan_buffers(graph, instrs, in_slots, out_slots, consts, slot, use_workspace, device):
+    """Liveness, workspace requests, in-place aliases → (slot→buffer, MemoryPlan, dead lists)."""
+    aval_of = {}
+    for v in (*graph.constvars, *graph.invars):
+        aval_of[slot[v.id]] = v.aval
+    for ins in instrs:
+        for s, a in zip(ins.outs, ins.out_avals):
+            aval_of[s] = a
+    n = len(instrs)
+    last: dict[int, int] = {}
+    for t, ins in enumerate(instrs):
+        for s in ins.ins:
+            last[s] = t
+    for s in out_slots:
+        last[s] = n
+    # roots[s]: the values whose storage `s` may share (itself, or its inputs' roots for
+    # kernels that may return views); a root stays alive as long as any value sharing it.
+    roots: dict[int, frozenset] = {}
+    for ins in instrs:
+        for s in ins.outs:
+            if ins.returns_view and ins.ins:
+                roots[s] = frozenset().union(*[roots.get(i, frozenset((i,))) for i in ins.ins])
+            else:
+                roots[s] = frozenset((s,))
+    end: dict[int, int] = {}
+    for s, rs in roots.items():
+        for r in rs:
+            end[r] = max(end.get(r, -1), last.get(s, -1))
+    protected = set()
+    for s in out_slots:
+        protected |= roots.get(s, frozenset((s,)))
+    for r in protected:
+        end[r] = n + 1  # reaches an output: never in the workspace
+
+    reqs, workspace = [], {}
+    for t, ins in enumerate(instrs):
+        for s in ins.outs:
+            if roots[s] != frozenset((s,)):
+                continue
+            nbytes = _nbytes(aval_of[s])
+            in_ws = (use_workspace and ins.writes_out and ins.backend in ("numpy", "torch")
+                     and s not in protected)
+            inplace = None
+            if in_ws and ins.inplace_ok and ins.ins:
+                x = ins.ins[0]
+                xa = aval_of.get(x)
+                if (x in workspace and end.get(x) == t and xa is not None
+                        and shapes_equal(xa.shape, aval_of[s].shape)
+                        and xa.dtype == aval_of[s].dtype
+                        and all(x not in roots.get(o, ()) or o == x for o in ins.ins[1:])):
+                    inplace = workspace[x]
+            e = max(end.get(s, t), t)
+            if in_ws:
+                workspace[s] = f"v{s}"
+                reqs.append(BufferRequest(f"v{s}", nbytes, t, e, device, inplace_of=inplace))
+            else:
+                reqs.append(BufferRequest(f"v{s}", nbytes, t, min(e, n), OWNED))
+    for s, c in consts.items():
+        nb = int(getattr(c, "nbytes", 0))
+        reqs.append(BufferRequest(f"c{s}", nb, -1, n, device, kind="persistent"))
+    memory = plan_memory(reqs) if reqs else None
+    # slots to clear after each instruction: owned values whose last use it is
+    keep = set(out_slots) | set(consts) | set(in_slots)
+    dead: list[list[int]] = [[] for _ in instrs]
+    for s, t in last.items():
+        if s not in keep and t < n and s not in workspace and end.get(s, t) <= t:
+            dead[t].append(s)
+    return workspace, memory, [tuple(d) for d in dead]
+
+

@@ -1,0 +1,159 @@
+"""The NumPy backend: every primitive's reference implementation, plus `out=` kernels.
+
+Every primitive (atomic or composite, including ones declared later) gets a kernel wrapping
+its NumPy reference. Elementwise ufuncs, matmul and sums also get an `out` variant that writes
+into a preallocated workspace view (`writes_out`), in place when the first input dies there.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import primitives  # noqa: F401 - registers the atomic primitives
+from ..core import PRIMITIVES
+from ..primitives import transfer  # noqa: F401 - registers copy_to
+from ..shapes import bfloat16, float16
+from .registry import Kernel, add_kernel, on_missing, register_kernel
+
+NAME = "numpy"
+
+
+def _reference_kernel(name: str):
+    impl = PRIMITIVES[name].impl
+
+    def kernel(*xs, **params):
+        out = impl(*xs, **params)
+        if type(out) is np.ndarray:
+            return out
+        if isinstance(out, (list, tuple)):
+            return [np.asarray(o) for o in out]
+        return np.asarray(out)
+
+    kernel.__name__ = f"numpy_{name}"
+    kernel.__qualname__ = f"numpy_{name}"
+    return kernel
+
+
+def _register_reference(name: str) -> None:
+    p = PRIMITIVES.get(name)
+    if p is None or p.impl is None or name in _SPECIAL:
+        return
+    k = _reference_kernel(name)
+    # NumPy references may return views of their inputs (reshape, transpose, a composite
+    # returning an input …): only the primitives known to build a fresh array are not marked.
+    fresh = p.atomic and (p.elementwise or p.family == "reduction") and name not in _MAY_ALIAS
+    add_kernel(Kernel(name, NAME, k, None, "default", returns_view=not fresh,
+                      source_hash=_impl_hash(p), dtype_exact=p.atomic))
+
+
+def _impl_hash(p) -> str:
+    from .registry import source_hash
+
+    return source_hash(p.impl)
+
+
+# -- kernels that differ from the reference (dtype-exact reductions, transfers) --------------
+_SPECIAL = {"reduce_sum", "reduce_prod", "copy_to"}
+_MAY_ALIAS = {"convert_element_type", "copy"}
+
+
+def _lowp(dtype) -> bool:
+    return dtype == float16 or dtype == bfloat16
+
+
+@register_kernel("reduce_sum", NAME)
+def numpy_reduce_sum(x, *, axes):
+    if _lowp(x.dtype):
+        return np.asarray(np.sum(x.astype(np.float32), axis=axes)).astype(x.dtype)
+    return np.asarray(np.sum(x, axis=axes, dtype=x.dtype))
+
+
+@register_kernel("reduce_prod", NAME)
+def numpy_reduce_prod(x, *, axes):
+    if _lowp(x.dtype):
+        return np.asarray(np.prod(x.astype(np.float32), axis=axes)).astype(x.dtype)
+    return np.asarray(np.prod(x, axis=axes, dtype=x.dtype))
+
+
+@register_kernel("copy_to", NAME, returns_view=True)
+def numpy_copy_to(x, *, backend="numpy", device="cpu"):
+    from .transfers import to_numpy
+
+    return to_numpy(x)
+
+
+# -- out= variants ----------------------------------------------------------------------------
+_UFUNCS = {
+    "neg": np.negative, "exp": np.exp, "log": np.log, "sin": np.sin, "cos": np.cos,
+    "sqrt": np.sqrt, "atan": np.arctan, "floor": np.floor, "add": np.add,
+    "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum,
+    "pow": np.power, "and": np.bitwise_and, "or": np.bitwise_or, "xor": np.bitwise_xor,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+    "gt": np.greater, "ge": np.greater_equal,
+}
+
+
+def _no_lowp(avals, params):
+    if any(_lowp(a.dtype) for a in avals):
+        return "the out= kernel computes in the input dtype; half precision goes through float32"
+    return None
+
+
+def _float_div_only(avals, params):
+    if avals[0].dtype.kind in "iu":
+        return "integer div has C semantics; the reference kernel implements them"
+    return _no_lowp(avals, params)
+
+
+def _ufunc_out_kernel(name: str, ufunc):
+    def kernel(*xs, out):
+        ufunc(*xs, out=out)
+        return out
+
+    kernel.__name__ = kernel.__qualname__ = f"numpy_{name}_out"
+    return kernel
+
+
+for _name, _uf in _UFUNCS.items():
+    add_kernel(Kernel(_name, NAME, _ufunc_out_kernel(_name, _uf), _no_lowp, "out",
+                      writes_out=True, inplace_ok=True))
+
+
+@register_kernel("div", NAME, checker=_float_div_only, variant="out", writes_out=True,
+                 inplace_ok=True)
+def numpy_div_out(x, y, *, out):
+    np.divide(x, y, out=out)
+    return out
+
+
+def _matmul_ok(avals, params):
+    (lc, rc), (lb, rb) = params["dimension_numbers"]
+    if _no_lowp(avals, params):
+        return _no_lowp(avals, params)
+    nb = len(lb)
+    if lb != rb or lb != tuple(range(nb)) or avals[0].ndim != nb + 2 or avals[1].ndim != nb + 2:
+        return "out= matmul needs leading batch dims and one free dim per operand"
+    if lc != (nb + 1,) or rc != (nb,):
+        return "out= matmul needs (..., M, K) @ (..., K, N) layouts"
+    return None
+
+
+@register_kernel("dot_general", NAME, checker=_matmul_ok, variant="out", writes_out=True)
+def numpy_matmul_out(x, y, *, dimension_numbers, out):
+    np.matmul(x, y, out=out)
+    return out
+
+
+def _sum_ok(avals, params):
+    return _no_lowp(avals, params)
+
+
+@register_kernel("reduce_sum", NAME, checker=_sum_ok, variant="out", writes_out=True)
+def numpy_reduce_sum_out(x, *, axes, out):
+    np.sum(x, axis=axes, dtype=x.dtype, out=out)
+    return out
+
+
+for _name in list(PRIMITIVES):
+    _register_reference(_name)
+on_missing(NAME, _register_reference)

@@ -1,0 +1,145 @@
+"""The kernel registry: every implementation of a primitive (or pattern) on one backend.
+
+A kernel is a plain function `fn(*arrays, **params) -> array | list[array]` over the
+backend's array type, registered with a checker that may decline an equation (dtype, shape,
+device, library version) with a reason string. Lowering modules import primitives, never the
+reverse; composite kernels are registered by primitive *name* and only when that primitive
+exists, so backends do not depend on which composite families are loaded.
+
+>>> from tgx.lowerings.registry import kernels_for
+>>> import tgx.lowerings.numpy_backend  # registers the NumPy kernels
+>>> sorted(k.variant for k in kernels_for("exp", "numpy"))
+['default', 'out']
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import TgxError
+
+Checker = Callable[[list, dict], "str | None"]
+
+
+def source_hash(fn: Callable) -> str:
+    """sha256 of the function's source (stable across runs; the store keys kernels by it)."""
+    try:
+        src = inspect.getsource(fn)
+    except (OSError, TypeError):
+        src = f"{getattr(fn, '__module__', '')}.{getattr(fn, '__qualname__', repr(fn))}"
+    return hashlib.sha256(src.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One implementation of primitive (or pattern) `name` on `backend`.
+
+    - `checker(avals, params) -> None | reason`: None accepts, a string declines and says why.
+    - `writes_out`: `fn` takes `out=` (a preallocated array of the output's shape and dtype in
+      the backend's format) and writes the result there; the runtime passes workspace views.
+    - `inplace_ok`: with `writes_out`, `out` may alias the first input (elementwise kernels).
+    - `returns_view`: the result may share memory with an input (reshape, transpose …), so the
+      buffer planner keeps the input's storage alive as long as the result.
+    """
+
+    name: str
+    backend: str
+    fn: Callable
+    checker: Checker | None = None
+    variant: str = "default"
+    writes_out: bool = False
+    inplace_ok: bool = False
+    returns_view: bool = False
+    pattern: Any = None
+    source_hash: str = field(default="", compare=False)
+    # specialize(params) -> fn(*arrays): a callable with the params baked in (jax jits here);
+    # None: the runtime uses functools.partial(fn, **params).
+    specialize: Callable | None = field(default=None, compare=False)
+    # False: the result's dtype may differ from the shape rule's (reference implementations of
+    # composites); the runtime casts it.
+    dtype_exact: bool = True
+
+    def check(self, avals: list, params: dict) -> str | None:
+        """None when the kernel accepts the equation, else the reason it declines."""
+        if self.checker is None:
+            return None
+        try:
+            return self.checker(avals, params)
+        except Exception as e:  # a crashing checker declines, with the reason
+            return f"checker raised {type(e).__name__}: {e}"
+
+    def __repr__(self) -> str:
+        v = "" if self.variant == "default" else f"[{self.variant}]"
+        return f"{self.name}{v}@{self.backend}"
+
+
+_KERNELS: dict[tuple[str, str], list[Kernel]] = {}
+# backend -> fn(name) registering kernels for a primitive declared after the backend loaded
+# (NumPy wraps every primitive's reference implementation this way).
+_LATE: dict[str, Callable[[str], None]] = {}
+
+
+def register_kernel(name: str, backend: str, *, checker: Checker | None = None,
+                    variant: str = "default", writes_out: bool = False,
+                    inplace_ok: bool = False, returns_view: bool = False,
+                    pattern: Any = None, specialize: Callable | None = None
+                    ) -> Callable[[Callable], Callable]:
+    """Decorator: register `fn` as kernel `variant` of `name` on `backend`.
+
+    Registering the same (name, backend, variant) twice is an error.
+
+    >>> @register_kernel("my_demo_op", "numpy")
+    ... def _k(x):
+    ...     return x
+    >>> kernels_for("my_demo_op", "numpy")[0].variant
+    'default'
+    >>> register_kernel("my_demo_op", "numpy")(lambda x: x)
+    Traceback (most recent call last):
+    ...
+    tgx.errors.TgxError: kernel my_demo_op@numpy (variant 'default') is registered twice
+    """
+
+    def deco(fn: Callable) -> Callable:
+        add_kernel(Kernel(name, backend, fn, checker, variant, writes_out, inplace_ok,
+                          returns_view, pattern, source_hash(fn), specialize))
+        return fn
+
+    return deco
+
+
+def add_kernel(kernel: Kernel) -> Kernel:
+    """Register an already built `Kernel` (for kernels made by factories)."""
+    ks = _KERNELS.setdefault((kernel.name, kernel.backend), [])
+    if any(k.variant == kernel.variant for k in ks):
+        raise TgxError(f"kernel {kernel.name}@{kernel.backend} (variant {kernel.variant!r}) is "
+                       f"registered twice")
+    if not kernel.source_hash:
+        kernel = Kernel(**{**kernel.__dict__, "source_hash": source_hash(kernel.fn)})
+    ks.append(kernel)
+    return kernel
+
+
+def kernels_for(name: str, backend: str) -> list[Kernel]:
+    """Every kernel registered for primitive `name` on `backend` (loads that backend)."""
+    from . import load_backend
+
+    load_backend(backend)
+    ks = _KERNELS.get((name, backend))
+    if ks is None and backend in _LATE:
+        _LATE[backend](name)
+        ks = _KERNELS.get((name, backend))
+    return list(ks or ())
+
+
+def on_missing(backend: str, fn: Callable[[str], None]) -> None:
+    """Let `backend` register kernels for primitives declared after it was loaded."""
+    _LATE[backend] = fn
+
+
+def all_kernels() -> list[Kernel]:
+    """Every kernel of the backends loaded so far."""
+    return [k for ks in _KERNELS.values() for k in ks]

@@ -1,0 +1,289 @@
+"""The PyTorch backend: kernels over `torch.Tensor` (CPU here, CUDA when tensors live there).
+
+Semantics follow the NumPy references: half precision computes as torch does (its CPU and CUDA
+kernels accumulate in float32), integer division truncates toward zero with x/0 = 0, gather
+clamps indices. uint32 has little kernel coverage in torch, so every kernel declines it (the
+planner then goes through NumPy or jax).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .. import primitives  # noqa: F401 - registers the atomic primitives
+from ..core import PRIMITIVES
+from ..primitives import transfer  # noqa: F401 - registers copy_to
+from ..shapes import uint32
+from .registry import Kernel, add_kernel, register_kernel
+from .transfers import to_torch, torch_dtype
+
+NAME = "torch"
+
+
+def _no_uint32(avals, params):
+    if any(a.dtype == uint32 for a in avals) or params.get("new_dtype") == uint32 or params.get(
+            "dtype") == uint32 or params.get("index_dtype") == uint32:
+        return "torch has few uint32 kernels"
+    return None
+
+
+def _simple(name: str, fn, *, checker=_no_uint32, out_fn=None):
+    fn.__name__ = fn.__qualname__ = f"torch_{name}"
+    add_kernel(Kernel(name, NAME, fn, checker))
+    if out_fn is not None:
+        def out_kernel(*xs, out):
+            out_fn(*xs, out=out)
+            return out
+        out_kernel.__name__ = out_kernel.__qualname__ = f"torch_{name}_out"
+        add_kernel(Kernel(name, NAME, out_kernel, checker, "out", writes_out=True,
+                          inplace_ok=True))
+
+
+_UNARY = {"neg": torch.neg, "exp": torch.exp, "log": torch.log, "sin": torch.sin,
+          "cos": torch.cos, "sqrt": torch.sqrt, "atan": torch.atan, "erf": torch.erf,
+          "floor": torch.floor, "round": torch.round}
+_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "max": torch.maximum,
+           "min": torch.minimum, "pow": torch.pow, "and": torch.bitwise_and,
+           "or": torch.bitwise_or, "xor": torch.bitwise_xor, "shift_left": torch.bitwise_left_shift,
+           "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
+           "ge": torch.ge}
+for _n, _f in _UNARY.items():
+    _simple(_n, (lambda f: lambda x: f(x))(_f), out_fn=_f)
+for _n, _f in _BINARY.items():
+    _simple(_n, (lambda f: lambda x, y: f(x, y))(_f), out_fn=_f)
+
+
+@register_kernel("not", NAME, checker=_no_uint32)
+def torch_not(x):
+    return torch.logical_not(x) if x.dtype == torch.bool else torch.bitwise_not(x)
+
+
+@register_kernel("copy", NAME, checker=_no_uint32)
+def torch_copy(x):
+    return x.clone()
+
+
+@register_kernel("div", NAME, checker=_no_uint32)
+def torch_div(x, y):
+    if x.dtype.is_floating_point:
+        return torch.div(x, y)
+    q = torch.div(x.abs(), torch.where(y == 0, torch.ones_like(y), y.abs()), rounding_mode="floor")
+    return torch.sign(x) * torch.sign(y) * q
+
+
+@register_kernel("shift_right_logical", NAME, checker=_no_uint32)
+def torch_shift_right_logical(x, y):
+    bits = x.element_size() * 8
+    if bits == 64:  # no uint64 arithmetic in torch: shift arithmetically, then mask the sign
+        r = torch.bitwise_right_shift(x, y)
+        mask = torch.where(y > 0, (torch.ones_like(x) << (64 - y).clamp(max=63)) - 1,
+                           torch.full_like(x, -1))
+        return torch.where(y >= 64, torch.zeros_like(x), r & mask)
+    wide = x.to(torch.int64) & ((1 << bits) - 1)
+    return torch.bitwise_right_shift(wide, y.to(torch.int64)).to(x.dtype)
+
+
+@register_kernel("select", NAME, checker=_no_uint32)
+def torch_select(pred, t, f):
+    return torch.where(pred, t, f)
+
+
+@register_kernel("convert_element_type", NAME, checker=_no_uint32, returns_view=True)
+def torch_convert(x, *, new_dtype, weak_type=False):
+    dt = torch_dtype(new_dtype)
+    if x.dtype == dt:
+        return x
+    if x.dtype.is_floating_point and not dt.is_floating_point and dt != torch.bool:
+        return torch.trunc(x.to(torch.float64)).to(dt)
+    if dt == torch.bfloat16 and not x.dtype.is_floating_point:
+        return x.to(torch.float32).to(dt)
+    return x.to(dt)
+
+
+def _free(ndim, contract, batch):
+    return [i for i in range(ndim) if i not in contract and i not in batch]
+
+
+@register_kernel("dot_general", NAME, checker=_no_uint32)
+def torch_dot_general(x, y, *, dimension_numbers):
+    (lc, rc), (lb, rb) = dimension_numbers
+    lf, rf = _free(x.ndim, lc, lb), _free(y.ndim, rc, rb)
+    if x.dtype == torch.bool:
+        raise TypeError("bool dot_general")
+    if not lb and lc == (x.ndim - 1,) and rc == (0,) and y.ndim == 2:  # (..., K) @ (K, N)
+        return torch.matmul(x, y)
+    if not lb and not lc and not rc:  # outer product
+        return torch.tensordot(x, y, dims=0)
+    if not lb:
+        return torch.tensordot(x, y, dims=(list(lc), list(rc)))
+    xt = x.permute(*lb, *lf, *lc)
+    yt = y.permute(*rb, *rc, *rf)
+    bshape = xt.shape[:len(lb)]
+    lfs, rfs = xt.shape[len(lb):len(lb) + len(lf)], yt.shape[len(rb) + len(rc):]
+    k = int(np.prod(xt.shape[len(lb) + len(lf):], dtype=np.int64))
+    m, n = int(np.prod(lfs, dtype=np.int64)), int(np.prod(rfs, dtype=np.int64))
+    out = torch.matmul(xt.reshape(*bshape, m, k), yt.reshape(*bshape, k, n))
+    return out.reshape(*bshape, *lfs, *rfs)
+
+
+def _matmul_ok(avals, params):
+    (lc, rc), (lb, rb) = params["dimension_numbers"]
+    nb = len(lb)
+    if _no_uint32(avals, params) or avals[0].dtype.kind == "b":
+        return "no uint32 / bool matmul"
+    if lb != rb or lb != tuple(range(nb)) or avals[0].ndim != nb + 2 or avals[1].ndim != nb + 2:
+        return "out= matmul needs leading batch dims and one free dim per operand"
+    if lc != (nb + 1,) or rc != (nb,):
+        return "out= matmul needs (..., M, K) @ (..., K, N) layouts"
+    return None
+
+
+@register_kernel("dot_general", NAME, checker=_matmul_ok, variant="out", writes_out=True)
+def torch_matmul_out(x, y, *, dimension_numbers, out):
+    torch.matmul(x, y, out=out)
+    return out
+
+
+@register_kernel("reshape", NAME, returns_view=True)
+def torch_reshape(x, *, new_sizes):
+    return x.reshape(new_sizes)
+
+
+@register_kernel("broadcast_in_dim", NAME, returns_view=True)
+def torch_broadcast_in_dim(x, *, shape, broadcast_dimensions):
+    expanded = [1] * len(shape)
+    for i, d in enumerate(broadcast_dimensions):
+        expanded[d] = x.shape[i]
+    return x.reshape(expanded).expand(shape)
+
+
+@register_kernel("transpose", NAME, returns_view=True)
+def torch_transpose(x, *, permutation):
+    return x.permute(permutation)
+
+
+@register_kernel("slice", NAME, returns_view=True)
+def torch_slice(x, *, start_indices, limit_indices, strides=None):
+    strides = strides or (1,) * x.ndim
+    return x[tuple(slice(s, e, st) for s, e, st in zip(start_indices, limit_indices, strides))]
+
+
+@register_kernel("pad", NAME, checker=_no_uint32)
+def torch_pad(x, v, *, padding_config):
+    for ax, (_, _, interior) in enumerate(padding_config):
+        if interior and x.shape[ax] > 0:
+            n = x.shape[ax]
+            shape = list(x.shape)
+            shape[ax] = n + (n - 1) * interior
+            out = torch.full(shape, 0, dtype=x.dtype, device=x.device)
+            out.copy_(v.expand(shape))
+            idx = [slice(None)] * x.ndim
+            idx[ax] = slice(None, None, interior + 1)
+            out[tuple(idx)] = x
+            x = out
+    shape = [x.shape[i] + max(lo, 0) + max(hi, 0) for i, (lo, hi, _) in enumerate(padding_config)]
+    out = v.to(x.dtype).expand(shape).clone()
+    dst = tuple(slice(max(lo, 0), max(lo, 0) + x.shape[i])
+                for i, (lo, hi, _) in enumerate(padding_config))
+    out[dst] = x
+    crop = tuple(slice(-lo if lo < 0 else 0, out.shape[i] + hi if hi < 0 else None)
+                 for i, (lo, hi, _) in enumerate(padding_config))
+    return out[crop]
+
+
+@register_kernel("concatenate", NAME, checker=_no_uint32)
+def torch_concatenate(*xs, dimension):
+    return torch.cat(xs, dim=dimension)
+
+
+@register_kernel("gather", NAME, checker=_no_uint32)
+def torch_gather(x, idx, *, axis):
+    flat = idx.reshape(-1).clamp(0, x.shape[axis] - 1).to(torch.int64)
+    out = torch.index_select(x, axis, flat)
+    return out.reshape(x.shape[:axis] + idx.shape + x.shape[axis + 1:])
+
+
+@register_kernel("rev", NAME, returns_view=True)
+def torch_rev(x, *, dimensions):
+    return torch.flip(x, dimensions) if dimensions else x
+
+
+@register_kernel("iota", NAME, checker=_no_uint32)
+def torch_iota(*, dtype, shape, dimension):
+    r = torch.arange(shape[dimension], dtype=torch_dtype(dtype))
+    expanded = [1] * len(shape)
+    expanded[dimension] = shape[dimension]
+    return r.reshape(expanded).expand(shape)
+
+
+@register_kernel("dim_as_value", NAME, checker=_no_uint32)
+def torch_dim_as_value(*, expr, dtype):
+    return torch.tensor(expr, dtype=torch_dtype(dtype))
+
+
+def _half_acc(fn):
+    def k(x, *, axes):
+        if x.dtype in (torch.float16, torch.bfloat16):
+            return fn(x.to(torch.float32), axes).to(x.dtype)
+        return fn(x, axes)
+    return k
+
+
+def _reduce_sum(x, axes):
+    return torch.sum(x, dim=axes, dtype=x.dtype) if axes else x.clone()
+
+
+def _reduce_prod(x, axes):
+    for a in sorted(axes, reverse=True):
+        x = torch.prod(x, dim=a, dtype=x.dtype)
+    return x
+
+
+def _reduce_max(x, axes):
+    return torch.amax(x, dim=axes) if axes else x.clone()
+
+
+def _reduce_min(x, axes):
+    return torch.amin(x, dim=axes) if axes else x.clone()
+
+
+def _no_uint32_or_bool_reduce(avals, params):
+    return _no_uint32(avals, params)
+
+
+for _n, _f in (("reduce_sum", _half_acc(_reduce_sum)), ("reduce_prod", _half_acc(_reduce_prod)),
+               ("reduce_max", lambda x, *, axes: _reduce_max(x, axes)),
+               ("reduce_min", lambda x, *, axes: _reduce_min(x, axes))):
+    _simple(_n, _f)
+
+
+def _bool_amax_ok(avals, params):
+    return _no_uint32(avals, params)
+
+
+@register_kernel("argmax", NAME, checker=_no_uint32)
+def torch_argmax(x, *, axis, index_dtype):
+    if x.dtype.is_floating_point:
+        # NumPy: the first NaN is the maximum; torch.argmax agrees on CPU for NaN inputs
+        nan = torch.isnan(x)
+        if bool(nan.any()):
+            return torch.argmax(nan.to(torch.uint8), dim=axis).to(torch_dtype(index_dtype))
+    return torch.argmax(x if x.dtype != torch.bool else x.to(torch.uint8), dim=axis).to(
+        torch_dtype(index_dtype))
+
+
+@register_kernel("copy_to", NAME, returns_view=True)
+def torch_copy_to(x, *, backend="torch", device="cpu"):
+    return to_torch(x, device)
+
+
+# -- composites with a dedicated torch kernel (registered only if the primitive exists) ------
+def register_composites() -> None:
+    """Register torch.nn.functional kernels for the composite primitives declared so far."""
+    from . import composites
+
+    composites.register(NAME, PRIMITIVES)
+
+
+register_composites()

@@ -1,0 +1,273 @@
+"""Devices, workspaces and `CompiledGraph`: the flat instruction list and its run loop.
+
+A `Device` is a memory space (`cpu`, `cuda:0`) that several backends share: NumPy and torch
+CPU kernels both write into the one CPU workspace. A `CompiledGraph` holds instructions
+`(kernel, input slots, output slots)` over a flat list of slots; `run` binds the symbolic dims
+from the argument shapes, fetches the *specialization* for that binding (kernels with their
+params and workspace views baked in, built once per binding and cached), and runs one plain
+loop: no dict look-ups, no recursion, no re-planning.
+
+>>> import numpy as np, tgx, tgx.numpy as tnp
+>>> plan = tgx.compile(lambda x: tnp.exp(x) + 1.0, backends=["numpy"]).lower(tgx.Spec(("N",)))
+>>> cg = plan.compiled
+>>> cg.run_flat([np.zeros(3, np.float32)])[0]
+array([2., 2., 2.], dtype=float32)
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import BindingError, DTypeError, KernelError
+from .shapes import ShapedArray, eval_dim, shape_str
+
+ALIGNMENT = 64
+# Bindings kept specialized at once (each owns a workspace sized for its dims).
+MAX_SPECIALIZATIONS = 16
+
+
+@dataclass(frozen=True)
+class Device:
+    """A memory space: `Device("cpu")`, `Device("cuda", 0)`; `str()` gives `"cuda:0"`.
+
+    >>> Device.parse("cuda:1"), str(Device("cpu"))
+    (Device(kind='cuda', index=1), 'cpu')
+    """
+
+    kind: str = "cpu"
+    index: int = 0
+
+    @staticmethod
+    def parse(name: str | Device) -> Device:
+        if isinstance(name, Device):
+            return name
+        kind, _, idx = str(name).partition(":")
+        if kind not in ("cpu", "cuda"):
+            raise KernelError(f"unknown device {name!r} (expected 'cpu' or 'cuda:<index>')")
+        return Device(kind, int(idx or 0))
+
+    def __str__(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"{self.kind}:{self.index}"
+
+
+def cuda_available() -> bool:
+    import importlib.util
+    import sys
+
+    if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def allocate_workspace(nbytes: int) -> np.ndarray:
+    """A `uint8` array of `nbytes` whose first byte is 64-byte aligned."""
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    off = (-raw.ctypes.data) % ALIGNMENT
+    return raw[off:off + nbytes]
+
+
+def workspace_view(ws: np.ndarray, offset: int, shape: tuple, dtype: np.dtype,
+                   backend: str):
+    """A view of `shape`/`dtype` at byte `offset` of workspace `ws`, in `backend`'s format."""
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    view = ws[offset:offset + n].view(dtype).reshape(shape)
+    if backend == "torch":
+        from .lowerings.transfers import to_torch
+
+        return to_torch(view)
+    return view
+
+
+@dataclass
+class Instruction:
+    """One step of the schedule before specialization.
+
+    `build(dims, out) -> fn(*inputs)` bakes the binding (and the workspace view `out`, for
+    kernels that write into one) into a plain callable.
+    """
+
+    label: str
+    backend: str
+    build: Callable[[dict, Any], Callable]
+    ins: tuple
+    outs: tuple
+    out_avals: tuple
+    eqns: tuple = ()
+    writes_out: bool = False
+    returns_view: bool = False
+    inplace_ok: bool = False
+
+
+@dataclass
+class Specialization:
+    """Everything `run` needs for one binding of the dims."""
+
+    dims: dict
+    template: list
+    instrs: tuple
+    shapes: tuple
+    workspace: dict = field(default_factory=dict)
+
+
+class CompiledGraph:
+    """The flat instruction list, its slots and its buffer plan; `run_flat` runs it."""
+
+    def __init__(self, *, n_slots: int, in_slots: Sequence[int], in_avals: Sequence[ShapedArray],
+                 in_names: Sequence[str], out_slots: Sequence[int], consts: dict,
+                 instructions: Sequence[Instruction], dead: Sequence[tuple],
+                 workspace: dict | None = None, memory=None, symbols: Sequence = ()):
+        self.n_slots = n_slots
+        self.in_slots = tuple(in_slots)
+        self.in_avals = tuple(in_avals)
+        self.in_names = tuple(in_names)
+        self.out_slots = tuple(out_slots)
+        self.consts = consts  # slot -> value, or callable(dims) -> value
+        self.instructions = list(instructions)
+        self.dead = list(dead)
+        self.workspace = workspace or {}  # slot -> buffer name in `memory`
+        self.memory = memory
+        self.symbols = tuple(symbols)
+        self._specs: dict[tuple, Specialization] = {}
+        self._sources = self._dim_sources()
+        self.memory_budget = None
+
+    # -- binding ----------------------------------------------------------------------------
+    def _dim_sources(self):
+        """(arg index, axis) where each symbol appears as a plain dim, or None if some do not."""
+        out = []
+        for s in self.symbols:
+            src = next(((i, ax) for i, a in enumerate(self.in_avals)
+                        for ax, d in enumerate(a.shape) if d == s and type(d) is not int), None)
+            if src is None:
+                return None
+            out.append(src)
+        return tuple(out)
+
+    def _key(self, args) -> tuple:
+        if self._sources is None:
+            from .interpreters.evaluate import bind_dims
+
+            env = bind_dims(self.in_avals, args, self.in_names)
+            return tuple(env[s] for s in self.symbols)
+        try:
+            return tuple(args[i].shape[ax] for i, ax in self._sources)
+        except IndexError:
+            for (i, ax) in self._sources:
+                if args[i].ndim <= ax:
+                    raise BindingError(self._mismatch(i, args[i])) from None
+            raise
+
+    def _mismatch(self, i: int, a, shape=None) -> str:
+        exp = self.in_avals[i]
+        want = shape_str(shape) if shape is not None else shape_str(exp.shape)
+        return (f"argument {self.in_names[i]}: expected {exp.dtype} {want}"
+                + (f" ({shape_str(exp.shape)})" if shape is not None and self.symbols else "")
+                + f", got {np.asarray(a).dtype} {tuple(np.shape(a))}")
+
+    def specialize(self, key: tuple) -> Specialization:
+        """The instruction list for one binding (built once, then cached)."""
+        spec = self._specs.get(key)
+        if spec is not None:
+            return spec
+        dims = dict(zip(self.symbols, key))
+        names = {s.name: v for s, v in dims.items()}
+        views: dict[int, Any] = {}
+        workspace = {}
+        if self.memory is not None:
+            if self.memory_budget is not None:
+                from .compiler import check_budget
+
+                check_budget(self.memory, self.memory_budget, names)
+            if self.workspace:
+                res = self.memory.resolve(**names)
+                offsets = dict(zip((r.name for r in self.memory.requests), res.offsets))
+                for dev, nbytes in res.workspace.items():
+                    if dev == "cpu":
+                        workspace[dev] = allocate_workspace(nbytes)
+                for ins in self.instructions:
+                    for slot, aval in zip(ins.outs, ins.out_avals):
+                        if slot in self.workspace:
+                            shape = tuple(eval_dim(d, dims) for d in aval.shape)
+                            views[slot] = workspace_view(workspace["cpu"],
+                                                         offsets[self.workspace[slot]], shape,
+                                                         aval.dtype, ins.backend)
+        template: list[Any] = [None] * self.n_slots
+        for slot, c in self.consts.items():
+            template[slot] = c(dims) if callable(c) else c
+        instrs = []
+        for ins, dead in zip(self.instructions, self.dead):
+            out = views.get(ins.outs[0]) if ins.writes_out else None
+            fn = ins.build(dims, out)
+            outs = ins.outs[0] if len(ins.outs) == 1 and not ins.label.startswith("jax.jit") \
+                else ins.outs
+            instrs.append((fn, ins.ins, outs, dead))
+        shapes = tuple((tuple(eval_dim(d, dims) for d in a.shape), a.dtype)
+                       for a in self.in_avals)
+        spec = Specialization(dims, template, tuple(instrs), shapes, workspace)
+        if len(self._specs) >= MAX_SPECIALIZATIONS:  # each holds a workspace: drop the oldest
+            del self._specs[next(iter(self._specs))]
+        self._specs[key] = spec
+        return spec
+
+    # -- the hot path ------------------------------------------------------------------------
+    def run_flat(self, args: Sequence[Any]) -> list:
+        """Run on a flat list of arguments (NumPy arrays); returns the flat list of outputs."""
+        args = list(args)
+        if len(args) != len(self.in_slots):
+            raise BindingError(f"expected {len(self.in_slots)} arguments, got {len(args)}")
+        for i, a in enumerate(args):
+            if type(a) is not np.ndarray:
+                args[i] = _coerce(a, self.in_avals[i])
+        spec = self._specs.get(self._key(args)) or self.specialize(self._key(args))
+        slots = spec.template[:]
+        for i, (slot, a, (shape, dtype)) in enumerate(zip(self.in_slots, args, spec.shapes)):
+            if a.shape != shape or a.dtype != dtype:
+                self._raise_mismatch(i, a, shape, dtype)
+            slots[slot] = a
+        for fn, ins, out, dead in spec.instrs:
+            if type(out) is int:
+                slots[out] = fn(*[slots[i] for i in ins])
+            else:
+                for o, v in zip(out, fn(*[slots[i] for i in ins])):
+                    slots[o] = v
+            for d in dead:
+                slots[d] = None
+        return [slots[o] for o in self.out_slots]
+
+    def _raise_mismatch(self, i, a, shape, dtype):
+        if a.dtype != dtype:
+            raise DTypeError(self._mismatch(i, a, shape))
+        raise BindingError(self._mismatch(i, a, shape))
+
+    def hand_loop(self, key: tuple) -> list[tuple]:
+        """The specialized (fn, input slots, output slot) list, for overhead comparisons."""
+        return [(fn, ins, out) for fn, ins, out, _ in self.specialize(key).instrs]
+
+    def __len__(self) -> int:
+        return len(self.instructions)
+
+
+def _coerce(x, aval: ShapedArray):
+    from .lowerings.transfers import to_numpy
+
+    if isinstance(x, (bool, int, float)):
+        return np.asarray(x, dtype=aval.dtype)
+    return to_numpy(x) if hasattr(x, "shape") else np.asarray(x)
+
+
+def kernel_callable(kernel, params: dict, out=None) -> Callable:
+    """`kernel` with its params (and `out=` view) baked in: the instruction's callable."""
+    if out is not None:
+        return functools.partial(kernel.fn, out=out, **params)
+    if kernel.specialize is not None:
+        return kernel.specialize(params)
+    if not params:
+        return kernel.fn
+    return functools.partial(kernel.fn, **params)
