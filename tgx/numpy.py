@@ -1087,8 +1087,14 @@ _METHODS = {
     "transpose": _tracer_transpose, "squeeze": squeeze, "ravel": ravel, "flatten": ravel,
     "clip": clip, "swapaxes": swapaxes, "take": take,
 }
+def _install(name: str, fn) -> None:
+    # A method named like a slot would replace the slot's descriptor and break every tracer.
+    assert name not in Tracer.__slots__, f"Tracer.{name} is a slot, not a method"
+    setattr(Tracer, name, fn)
+
+
 for _name, _fn in _METHODS.items():
-    setattr(Tracer, _name, _fn)
+    _install(_name, _fn)
 Tracer.T = property(lambda x: transpose(x))
 Tracer.mT = property(lambda x: swapaxes(x, -1, -2))
 Tracer.__hash__ = object.__hash__  # __eq__ is elementwise; identity hashing stays usable
@@ -1341,7 +1347,6 @@ def hstack(arrays):
 
 row_stack = vstack
 
-# (no `var` method: `Tracer.var` is the tracer's graph variable)
-for _name, _fn in {"std": std, "cumsum": cumsum, "repeat": repeat}.items():
+for _name, _fn in {"var": var, "std": std, "cumsum": cumsum, "repeat": repeat}.items():
     _METHODS[_name] = _fn
-    setattr(Tracer, _name, _fn)
+    _install(_name, _fn)

@@ -133,32 +133,32 @@ _BUILDERS: list["GraphBuilder"] = []
 class Tracer:
     """An array inside a traced function. Operators are installed by `tgx.numpy`."""
 
-    __slots__ = ("builder", "var")
+    __slots__ = ("builder", "variable")
     __array_priority__ = 1000  # so `np_array + tracer` defers to the tracer
 
     def __init__(self, builder: GraphBuilder, var: Var):
         self.builder = builder
-        self.var = var
+        self.variable = var
 
     @property
     def aval(self) -> ShapedArray:
-        return self.var.aval
+        return self.variable.aval
 
     @property
     def shape(self) -> tuple:
-        return self.var.aval.shape
+        return self.variable.aval.shape
 
     @property
     def dtype(self) -> np.dtype:
-        return self.var.aval.dtype
+        return self.variable.aval.dtype
 
     @property
     def ndim(self) -> int:
-        return len(self.var.aval.shape)
+        return len(self.variable.aval.shape)
 
     @property
     def size(self):
-        return self.var.aval.size
+        return self.variable.aval.size
 
     def __repr__(self) -> str:
         return f"Tracer<{self.aval.str_short()}>"
@@ -239,7 +239,7 @@ class GraphBuilder:
                 raise TgxError(
                     "a traced value from another trace leaked into this one (a tracer kept in a "
                     "global or a closure of an outer traced function); pass it as an argument")
-            return x.var
+            return x.variable
         if isinstance(x, Literal):
             return x
         if isinstance(x, (bool, int, float)) and not isinstance(x, np.generic):
@@ -325,7 +325,7 @@ def trace_to_graph(f: Callable, in_avals_tree: Any, hints: list | None = None,
             if not isinstance(x, (Tracer, np.ndarray, np.generic, int, float, bool)):
                 raise TypeError(f"traced function returned a {type(x).__name__}; outputs must be "
                                 f"arrays or pytrees of arrays")
-        return b.build([t.var for t in tracers], out_leaves, in_tree, out_tree)
+        return b.build([t.variable for t in tracers], out_leaves, in_tree, out_tree)
 
 
 def abstractify(args: tuple, kwargs: dict) -> tuple:

@@ -184,7 +184,7 @@ def _to_float64(g: Graph) -> Graph:
             outs = outs if e.primitive.multiple_results else [outs]
             for v, o in zip(e.outvars, outs):
                 env[v.id] = o
-        return b.build([a.var for a in args], [read(v) for v in g.outvars])
+        return b.build([a.variable for a in args], [read(v) for v in g.outvars])
 
 
 def _bindings(g: Graph, trials: int, rng) -> list[dict]:

@@ -379,4 +379,4 @@ def replace_pattern(graph: Graph, pattern: Graph | Callable, replacement: Callab
             finally:
                 b.source_override = saved
         outs = [x if isinstance(x, Literal) else read(x) for x in graph.outvars]
-        return b.build([a.var for a in args], outs, graph.in_tree, graph.out_tree)
+        return b.build([a.variable for a in args], outs, graph.in_tree, graph.out_tree)

@@ -186,7 +186,7 @@ def fuse(graph: Graph, *, min_size: int = 2) -> Graph:
             for v, o in zip(outputs, outs):
                 env[v.id] = o
         b.source_override = None
-        return b.build([a.var for a in args], [read(v) for v in graph.outvars],
+        return b.build([a.variable for a in args], [read(v) for v in graph.outvars],
                        graph.in_tree, graph.out_tree)
 
 

@@ -126,7 +126,7 @@ def rebackend(graph: Graph, assign: Mapping[int, str] | Callable[[Eqn], str] | s
         out_leaves = [on(v, outputs) if outputs is not None else
                       (v if isinstance(v, Literal) else next(iter(where[v.id].values())))
                       for v in graph.outvars]
-        g = b.build([t.var for t in args], out_leaves, graph.in_tree, graph.out_tree)
+        g = b.build([t.variable for t in args], out_leaves, graph.in_tree, graph.out_tree)
     # transfers of inputs and constants first: they depend on nothing, and a run of equations
     # on one backend then stays contiguous (one jax.jit region)
     roots = {v.id for v in (*g.invars, *g.constvars)}

@@ -56,4 +56,4 @@ def transform_graph(graph: Graph, rule: Rule | None = None) -> Graph:
     with GraphBuilder() as b:
         args = [b.new_arg(v.aval, v.hint) for v in graph.invars]
         outs = eval_into(graph, args, rule)
-        return b.build([t.var for t in args], outs, graph.in_tree, graph.out_tree)
+        return b.build([t.variable for t in args], outs, graph.in_tree, graph.out_tree)

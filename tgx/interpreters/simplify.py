@@ -116,7 +116,7 @@ class Ctx:
             for v in e.outvars:
                 self._producers[v.id] = e
         self._seen = len(eqns)
-        return self._producers.get(x.var.id)
+        return self._producers.get(x.variable.id)
 
     def const(self, x) -> np.ndarray | None:
         """The value of `x` when it is a literal or a constant of the graph, else None."""
@@ -126,7 +126,7 @@ class Ctx:
             return np.asarray(x)
         if isinstance(x, Tracer):
             for v, c in zip(self.builder.constvars, self.builder.consts):
-                if v is x.var:
+                if v is x.variable:
                     return np.asarray(c)
         return None
 
@@ -271,7 +271,7 @@ def _cse_key(eqn: Eqn, ins: list):
     keys = []
     for x in ins:
         if isinstance(x, Tracer):
-            keys.append(("v", x.var.id))
+            keys.append(("v", x.variable.id))
         elif isinstance(x, Literal):
             keys.append(("l", literal_key(x)))
         else:
@@ -361,7 +361,7 @@ def _sweep(graph: Graph, matcher: PatternMatcher, unsafe_math: bool, report: Rep
                 b.source_override = saved
             for v, o in zip(eqn.outvars, outs):
                 env[v.id] = o
-        return b.build([a.var for a in args], [read(v) for v in graph.outvars],
+        return b.build([a.variable for a in args], [read(v) for v in graph.outvars],
                        graph.in_tree, graph.out_tree)
 
 

@@ -123,6 +123,15 @@ def add_kernel(kernel: Kernel) -> Kernel:
     return kernel
 
 
+def remove_kernel(name: str, backend: str, variant: str = "default") -> None:
+    """Unregister a kernel (for experiments and tests that must leave the registry as found)."""
+    ks = _KERNELS.get((name, backend), [])
+    kept = [k for k in ks if k.variant != variant]
+    if len(kept) == len(ks):
+        raise TgxError(f"no kernel {name}@{backend} (variant {variant!r}) to remove")
+    _KERNELS[(name, backend)] = kept
+
+
 def kernels_for(name: str, backend: str) -> list[Kernel]:
     """Every kernel registered for primitive `name` on `backend` (loads that backend)."""
     from . import load_backend
