@@ -23,7 +23,7 @@ import numpy as np
 
 import tgx
 import tgx.nn as tnn
-from tgx.io import flatten_names, load_weights, save_weights
+from tgx.io import flatten_names, load_weights, save_weights, unflatten_names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,60 +131,106 @@ def gemma3(params, tokens, cfg: Config = Config()):
 
 
 # ---------------------------------------------------------------------------------------------
-# An independent NumPy reference (float64)
+# Independent references: the same model written directly in NumPy, PyTorch and JAX
 
 
-def _np_rms(x, w, eps):
-    x = x.astype(np.float64)
-    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * (1.0 + w.astype(np.float64))
+class _Ops:
+    """The handful of array functions the reference needs, for one library."""
+
+    def __init__(self, lib: str):
+        self.lib = lib
+        if lib == "numpy":
+            self.xp = np
+        elif lib == "torch":
+            import torch
+            self.xp = torch
+        else:
+            import jax.numpy as jnp
+            self.xp = jnp
+
+    def perm(self, x, *axes):
+        return x.permute(*axes) if self.lib == "torch" else x.transpose(*axes)
+
+    def cat(self, xs, axis):
+        return self.xp.cat(xs, axis) if self.lib == "torch" else self.xp.concatenate(xs, axis)
+
+    def repeat(self, x, n, axis):
+        if self.lib == "torch":
+            return self.xp.repeat_interleave(x, n, dim=axis)
+        return self.xp.repeat(x, n, axis=axis)
+
+    def arange(self, n, like):
+        if self.lib == "torch":
+            return self.xp.arange(n, dtype=like.dtype)
+        return self.xp.arange(n, dtype=like.dtype)
+
+    def max(self, x):
+        return x.amax(-1, keepdim=True) if self.lib == "torch" else x.max(-1, keepdims=True)
+
+    def mean(self, x):
+        return x.mean(-1, keepdim=True) if self.lib == "torch" else x.mean(-1, keepdims=True)
+
+    def sum(self, x):
+        return x.sum(-1, keepdim=True) if self.lib == "torch" else x.sum(-1, keepdims=True)
 
 
-def _np_gelu_tanh(x):
-    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+def _rms(o, x, w, eps):
+    return x / o.xp.sqrt(o.mean(x * x) + eps) * (1.0 + w)
 
 
-def _np_rope(x, pos, theta):
+def _gelu_tanh(o, x):
+    return 0.5 * x * (1 + o.xp.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
+
+
+def _rope(o, x, pos, theta):
     hd = x.shape[-1]
-    inv = theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    inv = theta ** (-o.arange(hd // 2, pos) * 2 / hd)
     ang = pos[:, None] * inv[None, :]
-    cos, sin = np.cos(np.concatenate([ang, ang], -1)), np.sin(np.concatenate([ang, ang], -1))
-    rot = np.concatenate([-x[..., hd // 2:], x[..., :hd // 2]], -1)
-    return x * cos + rot * sin
+    ang = o.cat([ang, ang], -1)
+    rot = o.cat([-x[..., hd // 2:], x[..., :hd // 2]], -1)
+    return x * o.xp.cos(ang) + rot * o.xp.sin(ang)
+
+
+def gemma3_reference(params, tokens, cfg: Config = Config(), lib: str = "numpy"):
+    """The model written directly with `lib` ("numpy", "torch" or "jax"), on arrays of that
+    library (params and tokens already converted); no tgx involved."""
+    o = _Ops(lib)
+    m = params["model"]
+    emb = m["embed_tokens"]["weight"]
+    x = emb[tokens] * math.sqrt(cfg.hidden_size)
+    s, hd = tokens.shape[0], cfg.head_dim
+    pos = o.arange(s, x)
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    causal = o.arange(s, x)[:, None] >= o.arange(s, x)[None, :]
+    eps = cfg.rms_norm_eps
+    for layer in m["layers"]:
+        a = layer["self_attn"]
+        h = _rms(o, x, layer["input_layernorm"]["weight"], eps)
+        q = (h @ a["q_proj"]["weight"].T).reshape(s, -1, hd)
+        k = (h @ a["k_proj"]["weight"].T).reshape(s, -1, hd)
+        v = (h @ a["v_proj"]["weight"].T).reshape(s, -1, hd)
+        q = _rope(o, o.perm(_rms(o, q, a["q_norm"]["weight"], eps), 1, 0, 2), pos, cfg.rope_theta)
+        k = _rope(o, o.perm(_rms(o, k, a["k_norm"]["weight"], eps), 1, 0, 2), pos, cfg.rope_theta)
+        k, v = o.repeat(k, group, 0), o.repeat(o.perm(v, 1, 0, 2), group, 0)
+        scores = q @ o.perm(k, 0, 2, 1) * cfg.query_pre_attn_scalar ** -0.5
+        scores = o.xp.where(causal, scores, -float("inf"))
+        p = o.xp.exp(scores - o.max(scores))
+        att = (p / o.sum(p)) @ v
+        att = o.perm(att, 1, 0, 2).reshape(s, -1) @ a["o_proj"]["weight"].T
+        x = x + _rms(o, att, layer["post_attention_layernorm"]["weight"], eps)
+        h = _rms(o, x, layer["pre_feedforward_layernorm"]["weight"], eps)
+        ml = layer["mlp"]
+        g = _gelu_tanh(o, h @ ml["gate_proj"]["weight"].T) * (h @ ml["up_proj"]["weight"].T)
+        x = x + _rms(o, g @ ml["down_proj"]["weight"].T,
+                     layer["post_feedforward_layernorm"]["weight"], eps)
+    x = _rms(o, x, m["norm"]["weight"], eps)
+    return x @ emb.T
 
 
 def gemma3_numpy(params, tokens, cfg: Config = Config()) -> np.ndarray:
-    m = params["model"]
-    f = lambda a: np.asarray(a, np.float64)  # noqa: E731
-    emb = f(m["embed_tokens"]["weight"])
-    x = emb[tokens] * math.sqrt(cfg.hidden_size)
-    s, hd = len(tokens), cfg.head_dim
-    pos = np.arange(s, dtype=np.float64)
-    group = cfg.num_attention_heads // cfg.num_key_value_heads
-    causal = np.tril(np.ones((s, s), bool))
-    for layer in m["layers"]:
-        a = layer["self_attn"]
-        h = _np_rms(x, layer["input_layernorm"]["weight"], cfg.rms_norm_eps)
-        q = (h @ f(a["q_proj"]["weight"]).T).reshape(s, -1, hd)
-        k = (h @ f(a["k_proj"]["weight"]).T).reshape(s, -1, hd)
-        v = (h @ f(a["v_proj"]["weight"]).T).reshape(s, -1, hd)
-        q = _np_rope(_np_rms(q, a["q_norm"]["weight"], cfg.rms_norm_eps).transpose(1, 0, 2),
-                     pos, cfg.rope_theta)
-        k = _np_rope(_np_rms(k, a["k_norm"]["weight"], cfg.rms_norm_eps).transpose(1, 0, 2),
-                     pos, cfg.rope_theta)
-        k, v = np.repeat(k, group, 0), np.repeat(v.transpose(1, 0, 2), group, 0)
-        scores = q @ k.transpose(0, 2, 1) * cfg.query_pre_attn_scalar ** -0.5
-        scores = np.where(causal, scores, -np.inf)
-        p = np.exp(scores - scores.max(-1, keepdims=True))
-        o = (p / p.sum(-1, keepdims=True)) @ v
-        o = o.transpose(1, 0, 2).reshape(s, -1) @ f(a["o_proj"]["weight"]).T
-        x = x + _np_rms(o, layer["post_attention_layernorm"]["weight"], cfg.rms_norm_eps)
-        h = _np_rms(x, layer["pre_feedforward_layernorm"]["weight"], cfg.rms_norm_eps)
-        ml = layer["mlp"]
-        g = _np_gelu_tanh(h @ f(ml["gate_proj"]["weight"]).T) * (h @ f(ml["up_proj"]["weight"]).T)
-        x = x + _np_rms(g @ f(ml["down_proj"]["weight"]).T,
-                        layer["post_feedforward_layernorm"]["weight"], cfg.rms_norm_eps)
-    x = _np_rms(x, m["norm"]["weight"], cfg.rms_norm_eps)
-    return x @ emb.T
+    """The float64 NumPy reference the tgx logits are checked against."""
+    p64 = unflatten_names({k: np.asarray(v, np.float64) for k, v in flatten_names(params).items()})
+    return gemma3_reference(p64, np.asarray(tokens), cfg, "numpy")
 
 
 # ---------------------------------------------------------------------------------------------
