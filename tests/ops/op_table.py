@@ -126,3 +126,31 @@ def sym_specs(sample: Sample, traced_idx) -> list:
         names = sample.symbolic.get(i, {})
         specs.append(tgx.Spec(tuple(names.get(ax, d) for ax, d in enumerate(a.shape)), a.dtype))
     return specs
+
+
+def to_torch(a):
+    """NumPy → torch for references; half precision is computed by the reference in float32
+    (torch's CPU half kernels are not a reference)."""
+    import torch
+
+    if isinstance(a, np.ndarray):
+        if a.dtype in (float16, bfloat16):
+            a = a.astype(np.float32)
+        return torch.from_numpy(np.array(a))
+    return a
+
+
+def torch_ref(f: Callable) -> Callable:
+    """A reference calling the torch function `f` on converted arguments, returning float64
+    NumPy (a tuple of them for tuple results)."""
+    import warnings
+
+    def ref(*args, **kwargs):
+        with warnings.catch_warnings():  # e.g. kl_div's note on reduction="mean"
+            warnings.simplefilter("ignore", UserWarning)
+            out = f(*[to_torch(a) for a in args], **{k: to_torch(v) for k, v in kwargs.items()})
+        if isinstance(out, tuple):
+            return tuple(o.detach().double().numpy() for o in out)
+        return out.detach().double().numpy()
+
+    return ref

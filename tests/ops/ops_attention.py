@@ -3,30 +3,23 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 
 import tgx.nn as tnn
 import tgx.primitives.attention  # noqa: F401 - registers the primitive
 from tgx.shapes import bfloat16, float16, float32, float64
 
-from .op_table import OpInfo, Sample, randn, register
+from .op_table import OpInfo, Sample, randn, register, to_torch
 
 ALL = (float32, float64, float16, bfloat16)
 TOL = {float32: (1e-4, 1e-5), float16: (1e-2, 1e-2), bfloat16: (4e-2, 4e-2)}
 SYM_LS = {0: {2: "L"}, 1: {2: "S"}, 2: {2: "S"}}
 
 
-def _t(a):
-    if isinstance(a, np.ndarray):
-        if a.dtype in (float16, bfloat16):
-            a = a.astype(np.float32)
-        return torch.from_numpy(np.array(a))
-    return a
 
 
 def sdpa_ref(*args, **kwargs):
-    out = F.scaled_dot_product_attention(*[_t(a) for a in args], **kwargs)
+    out = F.scaled_dot_product_attention(*[to_torch(a) for a in args], **kwargs)
     return out.double().numpy()
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import jax
 import numpy as np
-import torch
 import torch.nn.functional as F
 
 import tgx.nn as tnn
 import tgx.primitives.conv  # noqa: F401 - registers the primitives
 from tgx.shapes import bfloat16, float16, float32, float64
 
-from .op_table import OpInfo, Sample, randn, register
+from .op_table import OpInfo, Sample, randn, register, torch_ref
 
 jax.config.update("jax_enable_x64", True)
 
@@ -21,18 +20,8 @@ TOL = {float32: (1e-4, 1e-5), float16: (1e-2, 1e-2), bfloat16: (4e-2, 5e-2)}
 SYM = {0: {0: "N"}}
 
 
-def _t(a):
-    if isinstance(a, np.ndarray):
-        if a.dtype in (float16, bfloat16):
-            a = a.astype(np.float32)
-        return torch.from_numpy(np.array(a))
-    return a
 
 
-def torch_ref(f):
-    def ref(*args, **kwargs):
-        return f(*[_t(a) for a in args], **kwargs).double().numpy()
-    return ref
 
 
 def _pairs(rng, configs, make_args, dt, sizes=(2, 3)):

@@ -11,27 +11,14 @@ import tgx.nn as tnn
 import tgx.primitives.layers  # noqa: F401 - registers the primitives
 from tgx.shapes import bfloat16, float16, float32, float64
 
-from .op_table import OpInfo, Sample, randn, register
+from .op_table import OpInfo, Sample, randn, register, torch_ref
 
 ALL = (float32, float64, float16, bfloat16)
 TOL = {float32: (1e-4, 1e-5), float16: (1e-2, 1e-2), bfloat16: (4e-2, 5e-2)}
 
 
-def _t(a):
-    if isinstance(a, np.ndarray):
-        if a.dtype in (float16, bfloat16):
-            a = a.astype(np.float32)
-        return torch.from_numpy(np.array(a))
-    return a
 
 
-def torch_ref(f):
-    def ref(*args, **kwargs):
-        out = f(*[_t(a) for a in args], **kwargs)
-        if isinstance(out, tuple):
-            return tuple(o.double().numpy() for o in out)
-        return out.double().numpy()
-    return ref
 
 
 def linear_samples(rng, dt):

@@ -2,38 +2,22 @@
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 
 import tgx.nn as tnn
 import tgx.primitives.losses  # noqa: F401 - registers the primitives
 from tgx.shapes import bfloat16, float16, float32, float64
 
-from .op_table import OpInfo, Sample, randn, register
+from .op_table import OpInfo, Sample, randn, register, torch_ref
 
 ALL = (float32, float64, float16, bfloat16)
 SYM2 = {0: {0: "N"}, 1: {0: "N"}}
 
 
-def _t(a):
-    """NumPy → torch; half precision is computed by the reference in float32."""
-    if isinstance(a, np.ndarray):
-        if a.dtype in (float16, bfloat16):
-            a = a.astype(np.float32)
-        return torch.from_numpy(np.ascontiguousarray(a))
-    return a
 
 
-def torch_ref(f):
-    def ref(*args, **kwargs):
-        with warnings.catch_warnings():  # kl_div's note on reduction="mean"
-            warnings.simplefilter("ignore", UserWarning)
-            out = f(*[_t(a) for a in args], **{k: _t(v) for k, v in kwargs.items()})
-        return out.detach().double().numpy()
-    return ref
 
 
 def _targets(rng, shape, n_cls, ignore_frac=0.0):

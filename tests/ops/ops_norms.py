@@ -3,36 +3,21 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 
 import tgx.nn as tnn
 import tgx.primitives.norms  # noqa: F401 - registers the primitives
 from tgx.shapes import bfloat16, float16, float32, float64
 
-from .op_table import OpInfo, Sample, randn, register
+from .op_table import OpInfo, Sample, randn, register, to_torch, torch_ref
 
 ALL = (float32, float64, float16, bfloat16)
 SYM = {0: {0: "N"}}
 HALF_TOL = {float32: (1e-4, 1e-5), float16: (1e-2, 1e-2), bfloat16: (4e-2, 4e-2)}
 
 
-def _t(a):
-    """NumPy → torch; half precision is computed by the reference in float32."""
-    if isinstance(a, np.ndarray):
-        if a.dtype in (float16, bfloat16):
-            a = a.astype(np.float32)
-        return torch.from_numpy(np.array(a))
-    return a
 
 
-def torch_ref(f):
-    def ref(*args, **kwargs):
-        out = f(*[_t(a) for a in args], **{k: _t(v) for k, v in kwargs.items()})
-        if isinstance(out, tuple):
-            return tuple(o.detach().double().numpy() for o in out)
-        return out.detach().double().numpy()
-    return ref
 
 
 def layer_norm_samples(rng, dt):
@@ -58,9 +43,9 @@ def rms_norm_samples(rng, dt):
 
 
 def _bn_ref(x, rm, rv, *args, **kw):
-    x, args = _t(x), [_t(a) for a in args]
-    rm = None if rm is None else _t(rm).to(x.dtype)
-    rv = None if rv is None else _t(rv).to(x.dtype)
+    x, args = to_torch(x), [to_torch(a) for a in args]
+    rm = None if rm is None else to_torch(rm).to(x.dtype)
+    rv = None if rv is None else to_torch(rv).to(x.dtype)
     y = F.batch_norm(x, rm, rv, *args, **kw)
     return tuple(o.double().numpy() for o in (y, rm, rv) if o is not None)
 
