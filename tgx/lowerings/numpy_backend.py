@@ -13,7 +13,7 @@ from .. import primitives  # noqa: F401 - registers the atomic primitives
 from ..core import PRIMITIVES
 from ..primitives import transfer  # noqa: F401 - registers copy_to
 from ..shapes import bfloat16, float16
-from .registry import Kernel, add_kernel, on_missing, register_kernel
+from .registry import Kernel, add_kernel, matmul_layout_reason, on_missing, register_kernel
 
 NAME = "numpy"
 
@@ -127,15 +127,7 @@ def numpy_div_out(x, y, *, out):
 
 
 def _matmul_ok(avals, params):
-    (lc, rc), (lb, rb) = params["dimension_numbers"]
-    if _no_lowp(avals, params):
-        return _no_lowp(avals, params)
-    nb = len(lb)
-    if lb != rb or lb != tuple(range(nb)) or avals[0].ndim != nb + 2 or avals[1].ndim != nb + 2:
-        return "out= matmul needs leading batch dims and one free dim per operand"
-    if lc != (nb + 1,) or rc != (nb,):
-        return "out= matmul needs (..., M, K) @ (..., K, N) layouts"
-    return None
+    return _no_lowp(avals, params) or matmul_layout_reason(avals, params)
 
 
 @register_kernel("dot_general", NAME, checker=_matmul_ok, variant="out", writes_out=True)

@@ -123,6 +123,18 @@ def add_kernel(kernel: Kernel) -> Kernel:
     return kernel
 
 
+def matmul_layout_reason(avals: list, params: dict) -> str | None:
+    """Why a dot_general is not a plain batched `(..., M, K) @ (..., K, N)` (the layout
+    `matmul(out=)` kernels need), or None when it is."""
+    (lc, rc), (lb, rb) = params["dimension_numbers"]
+    nb = len(lb)
+    if lb != rb or lb != tuple(range(nb)) or avals[0].ndim != nb + 2 or avals[1].ndim != nb + 2:
+        return "out= matmul needs leading batch dims and one free dim per operand"
+    if lc != (nb + 1,) or rc != (nb,):
+        return "out= matmul needs (..., M, K) @ (..., K, N) layouts"
+    return None
+
+
 def remove_kernel(name: str, backend: str, variant: str = "default") -> None:
     """Unregister a kernel (for experiments and tests that must leave the registry as found)."""
     ks = _KERNELS.get((name, backend), [])

@@ -15,7 +15,7 @@ from .. import primitives  # noqa: F401 - registers the atomic primitives
 from ..core import PRIMITIVES
 from ..primitives import transfer  # noqa: F401 - registers copy_to
 from ..shapes import uint32
-from .registry import Kernel, add_kernel, register_kernel
+from .registry import Kernel, add_kernel, matmul_layout_reason, register_kernel
 from .transfers import to_torch, torch_dtype
 
 NAME = "torch"
@@ -128,15 +128,9 @@ def torch_dot_general(x, y, *, dimension_numbers):
 
 
 def _matmul_ok(avals, params):
-    (lc, rc), (lb, rb) = params["dimension_numbers"]
-    nb = len(lb)
     if _no_uint32(avals, params) or avals[0].dtype.kind == "b":
         return "no uint32 / bool matmul"
-    if lb != rb or lb != tuple(range(nb)) or avals[0].ndim != nb + 2 or avals[1].ndim != nb + 2:
-        return "out= matmul needs leading batch dims and one free dim per operand"
-    if lc != (nb + 1,) or rc != (nb,):
-        return "out= matmul needs (..., M, K) @ (..., K, N) layouts"
-    return None
+    return matmul_layout_reason(avals, params)
 
 
 @register_kernel("dot_general", NAME, checker=_matmul_ok, variant="out", writes_out=True)
