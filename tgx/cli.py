@@ -105,20 +105,25 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     if args.pending == bool(args.script):
         raise _Usage("profile needs exactly one of SCRIPT.py or --pending")
     with _open_store(args.store, create=True) as st:
+        flags: list[str] = []
         if args.pending:
-            from tgx.profiling.pending import pending_jobs
+            from tgx.profiling.pending import flagged_jobs, pending_jobs
             from tgx.profiling.runner import _env_id
 
             jobs = pending_jobs(st, _env_id(st))
+            flagged, flags = flagged_jobs(st, _env_id(st))
+            jobs += flagged
         else:
             jobs = _jobs_from_script(args.script)
         if not jobs:
+            st.clear_pending(flags)
             print("nothing to profile")
             return 0
         kw: dict[str, Any] = {"isolate": args.isolate, "timeout_s": args.timeout}
         if args.budget is not None:
             kw["budget_s"] = args.budget
         records = profile_many(jobs, store=st, progress=args.progress, **kw)
+        st.clear_pending(flags)  # every flag now has a trace (or was stale)
     print(summarize(records))
     return 0
 

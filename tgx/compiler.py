@@ -23,10 +23,11 @@ from .errors import BindingError, OutOfMemory
 from .interpreters.lower import OWNED, lower
 from .interpreters.rebackend import BackendGraph, rebackend
 from .planning.memory import format_bytes
+from .planning.candidates import accepted_kernels
 from .planning.policies import (
-    assign_backends, check_backends, choose_kernels, decompose_unsupported, primary_backend,
+    HINT, assign_backends, check_backends, choose_kernels, decompose_unsupported, primary_backend,
 )
-from .shapes import ShapedArray, Spec, aval_of, shape_str
+from .shapes import ShapedArray, Spec, aval_of, free_symbols, shape_str
 from .tracing import leaf_names, trace_to_graph, tree_flatten, tree_unflatten
 
 POLICIES = ("heuristic", "fastest", "explore")
@@ -66,8 +67,15 @@ class Plan:
     """
 
     def __init__(self, graph: Graph, bgraph: BackendGraph, kernels: list, compiled,
-                 policy: str, memory_budget=None, return_backend_arrays: bool = False):
+                 policy: str, memory_budget=None, return_backend_arrays: bool = False,
+                 estimates: list | None = None, dims: Mapping | None = None,
+                 predicted_s: float | None = None):
         self.source_graph = graph
+        #: per equation of `graph`: the `Estimate` the selection used (None for heuristic)
+        self.estimates = estimates
+        #: the concrete binding the estimates are for
+        self.dims = dict(dims or {})
+        self.predicted_s = predicted_s
         self.graph = bgraph
         self.kernels = kernels
         self.compiled = compiled
@@ -122,9 +130,18 @@ class Plan:
         from .pretty import pp_eqn, var_namer
 
         name = var_namer(self.graph)
-        lines = [f"Plan (policy {self.policy}): {self.summary()}", "equations:"]
+        lines = [f"Plan (policy {self.policy}): {self.summary()}"]
+        if self.estimates is not None:
+            at = ", ".join(f"{k}={v}" for k, v in self.dims.items()) or "static shapes"
+            lines.append(f"predicted {self.predicted_s * 1e6:.1f} µs at {at}")
+        lines.append("equations:")
         for i, (e, k) in enumerate(zip(self.graph.eqns, self.kernels)):
-            lines.append(f"  {i:>3} {k!r:<28} {pp_eqn(e, name)}")
+            fig = ""
+            if self.estimates is not None and self.estimates[i] is not None:
+                est = self.estimates[i]
+                fig = f"  # {est.seconds * 1e6:.2f} µs {est.source}" + (
+                    f" ({est.detail})" if est.source == "measured" else "")
+            lines.append(f"  {i:>3} {k!r:<28} {pp_eqn(e, name)}{fig}")
         tr = self.transfers()
         total = sum((b for _, _, b in tr), 0)
         lines.append(f"transfers: {len(tr)}" + (f", {total} bytes in all" if tr else ""))
@@ -150,16 +167,27 @@ class Plan:
     __repr__ = __str__
 
 
-def plan_graph(graph: Graph, *, policy: str = "heuristic", backends: Sequence[str] | None = None,
+def _default_dims(graph: Graph) -> dict[str, int]:
+    syms = set().union(*[free_symbols(v.aval.shape) for v in graph.invars]) if graph.invars \
+        else set()
+    return {s.name: HINT for s in sorted(syms, key=lambda s: s.name)}
+
+
+def plan_graph(graph: Graph, *, policy: str = "fastest", backends: Sequence[str] | None = None,
                memory_budget=None, return_backend_arrays: bool = False,
-               in_names: Sequence[str] | None = None) -> Plan:
-    """Choose a kernel per equation of `graph`, insert transfers, lower: a `Plan`."""
+               in_names: Sequence[str] | None = None, store=None,
+               tolerance: float | None = None, dims: Mapping[str, int] | None = None) -> Plan:
+    """Choose a kernel per equation of `graph`, insert transfers, lower: a `Plan`.
+
+    "fastest" and "explore" choose at the concrete binding `dims` (default: every symbol at
+    64) with `store` (default: `BenchmarkStore()`).
+    """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r} (expected one of {POLICIES})")
-    if policy != "heuristic":
-        raise NotImplementedError(f"policy {policy!r} needs the benchmark store and comes with "
-                                  f"the selection work; use policy='heuristic'")
     backends = check_backends(backends)
+    if policy != "heuristic":
+        return _measured_plan(graph, policy, backends, memory_budget, return_backend_arrays,
+                              in_names, store, tolerance, dims)
     g = decompose_unsupported(graph, backends, primary_backend(backends))
     assign = assign_backends(g, backends)
     bg = rebackend(g, assign, outputs=None if return_backend_arrays else "numpy")
@@ -168,16 +196,54 @@ def plan_graph(graph: Graph, *, policy: str = "heuristic", backends: Sequence[st
     return Plan(graph, bg, kernels, cg, policy, memory_budget, return_backend_arrays)
 
 
+def _measured_plan(graph, policy, backends, memory_budget, return_backend_arrays, in_names,
+                   store, tolerance, dims) -> Plan:
+    from .planning.cost_model import CostModel
+    from .planning.policies import explore, flag_pending, heuristic_cost
+    from .planning.selection import realize, select
+    from .store import BenchmarkStore
+
+    dims = dict(dims) if dims else _default_dims(graph)
+    store = BenchmarkStore() if store is None else store
+    cm = CostModel(store, tolerance=tolerance)
+    if policy == "explore":
+        explore(graph, backends, store, cm, dims)
+    sel = select(graph, backends, cm, dims)
+    if tolerance is None and heuristic_cost(graph, backends, cm, dims) < sel.total * (1 - 1e-9):
+        plan = plan_graph(graph, policy="heuristic", backends=backends,
+                          memory_budget=memory_budget,
+                          return_backend_arrays=return_backend_arrays, in_names=in_names)
+        plan.policy = f"{policy} (heuristic plan: cheaper by the cost model)"
+        plan.predicted_s, plan.dims = heuristic_cost(graph, backends, cm, dims), dims
+        return plan
+    g, assign, chosen, ests = realize(sel)
+    if policy == "fastest":
+        flag_pending(store, cm, g.eqns, chosen, ests, dims)
+    bg = rebackend(g, assign, outputs=None if return_backend_arrays else "numpy")
+    it = iter(zip(chosen, ests))
+    kernels, estimates = [], []
+    home = {e.outvars[0].id: b for e, b in zip(bg.eqns, bg.backends)}  # producer's backend
+    for e, b in zip(bg.eqns, bg.backends):
+        if e.primitive.name == "copy_to":
+            kernels.append(accepted_kernels(e, b)[0])
+            src = home.get(getattr(e.invars[0], "id", None), "numpy")
+            estimates.append(cm.transfer(e.invars[0].aval, src, b, dims))
+        else:
+            k, est = next(it)
+            kernels.append(k)
+            estimates.append(est)
+    cg = lower(bg, kernels, in_names=in_names)
+    return Plan(graph, bg, kernels, cg, policy, memory_budget, return_backend_arrays,
+                estimates, dims, sel.total)
+
+
 class Compiled:
     """A function compiled by `tgx.compile`: call it, or `.lower(...)` it to see the `Plan`."""
 
-    def __init__(self, fn: Callable, *, policy="heuristic", backends=None, dynamic=None,
+    def __init__(self, fn: Callable, *, policy="fastest", backends=None, dynamic=None,
                  store=None, tolerance=None, memory_budget=None, return_backend_arrays=False):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (expected one of {POLICIES})")
-        if policy != "heuristic":
-            raise NotImplementedError(f"policy {policy!r} needs the benchmark store and comes "
-                                      f"with the selection work; use policy='heuristic'")
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.policy = policy
@@ -227,15 +293,23 @@ class Compiled:
             shape[ax] = sym
         return Spec(tuple(shape), a.dtype)
 
-    def _plan(self, tree, avals, names) -> Plan:
+    def _plan(self, tree, avals, names, leaves=None) -> Plan:
         key = (tree, avals)
         plan = self._plans.get(key)
         if plan is None:
             graph = trace_to_graph(self.fn, tree_unflatten(tree, list(avals)))
             self.trace_count += 1
+            dims = None
+            if leaves is not None:  # choose at the first call's binding
+                dims = {}
+                for a, x in zip(avals, leaves):
+                    for d, n in zip(a.shape, getattr(x, "shape", ())):
+                        if type(d) is not int and getattr(d, "is_Symbol", False):
+                            dims[d.name] = int(n)
             plan = plan_graph(graph, policy=self.policy, backends=self.backends,
                               memory_budget=self.memory_budget,
-                              return_backend_arrays=self.return_backend_arrays, in_names=names)
+                              return_backend_arrays=self.return_backend_arrays, in_names=names,
+                              store=self.store, tolerance=self.tolerance, dims=dims)
             self._plans[key] = plan
         return plan
 
@@ -252,8 +326,8 @@ class Compiled:
         except AttributeError:  # Python scalars among the leaves
             key, plan = None, None
         if plan is None:
-            _, tree, avals, names = self._abstract(args, kwargs)
-            plan = self._plans.get((tree, avals)) or self._plan(tree, avals, names)
+            leaves, tree, avals, names = self._abstract(args, kwargs)
+            plan = self._plans.get((tree, avals)) or self._plan(tree, avals, names, leaves)
             if key is not None:
                 self._fast[key] = plan
         return plan.run_flat(leaves)
@@ -262,7 +336,7 @@ class Compiled:
         return f"<tgx.compile {getattr(self.fn, '__name__', self.fn)!r}: {len(self._plans)} plans>"
 
 
-def compile(fn: Callable | None = None, *, policy: str = "heuristic",  # noqa: A001
+def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A001
             backends: Sequence[str] | None = None, dynamic: Mapping | None = None,
             store=None, tolerance: float | None = None, memory_budget=None,
             return_backend_arrays: bool = False):
@@ -271,7 +345,9 @@ def compile(fn: Callable | None = None, *, policy: str = "heuristic",  # noqa: A
     Usable as `@tgx.compile` or `@tgx.compile(backends=["torch"], dynamic={"x": {0: "N"}})`.
     Axes declared in `dynamic` (argument name → {axis: symbol}) stay symbolic, so new sizes
     reuse the plan. `memory_budget` (bytes, or {device: bytes}) raises `tgx.OutOfMemory`
-    before any kernel runs. `store`/`tolerance` are kept for the measured policies.
+    before any kernel runs. `policy`: "fastest" (default: benchmark store, else cost model),
+    "explore" (profile unmeasured candidates now), "heuristic" (rules, no store);
+    `store` (default `BenchmarkStore()`), `tolerance` (max measured relative error).
     """
     kw = dict(policy=policy, backends=backends, dynamic=dynamic, store=store,
               tolerance=tolerance, memory_budget=memory_budget,

@@ -8,7 +8,9 @@
    when their inputs are there: a torch/jax call costs microseconds, a NumPy one less.
 4. Within a backend: library kernel > `out=` kernel > plain kernel.
 
-Policies "fastest" and "explore" need the benchmark store and come later.
+FASTEST (`select_plan`): store first, cost model where unmeasured (see
+`tgx.planning.selection`); unmeasured choices are flagged pending in the store for
+``tgx profile --pending``. EXPLORE: profile every unmeasured candidate kernel now, then FASTEST.
 """
 
 from __future__ import annotations
@@ -117,3 +119,78 @@ def choose_kernels(graph: Graph, backends: Sequence[str]) -> list:
             raise KernelError(f"no kernel on {b} accepts {eqn}")
         out.append(ks[0])
     return out
+
+
+# -- measured policies ------------------------------------------------------------------------
+
+def _all_equations(graph: Graph, backends, dims):
+    """Every equation of `graph` and of its decompositions, recursively (EXPLORE's scope)."""
+    seen: set = set()
+    stack = list(graph.eqns)
+    while stack:
+        e = stack.pop()
+        key = (e.primitive.name, repr(sorted(e.params.items())),
+               tuple(str(a.aval) for a in e.invars))
+        if key in seen:
+            continue
+        seen.add(key)
+        yield e
+        if e.primitive.decomposition is not None:
+            stack.extend(decomposition_graph(e).eqns)
+
+
+def explore(graph: Graph, backends, store, cost_model, dims, budget_s: float = 0.05) -> int:
+    """Profile every candidate kernel without a trace at `dims` (random inputs, the NumPy
+    reference as golden); returns how many were profiled."""
+    from ..profiling.pending import profile_kernel
+
+    n = 0
+    for e in _all_equations(graph, backends, dims):
+        for b in backends:
+            for k in accepted_kernels(e, b):
+                ghash, wkey = cost_model.keys(e, dims)
+                if store.measured(ghash, cost_model.impl_key(k), wkey, cost_model.env_id):
+                    continue
+                profile_kernel(e, k, dims, store, cost_model, budget_s)
+                n += 1
+    cost_model._measured.clear()
+    return n
+
+
+def flag_pending(store, cost_model, eqns, kernels, estimates, dims) -> int:
+    """Write a pending flag for each chosen kernel whose figure was not measured."""
+    from ..profiling.pending import Unencodable, describe_equation
+    from ..store.schema import make_pending
+    from .cost_model import kernel_name
+
+    recs = []
+    for e, k, est in zip(eqns, kernels, estimates):
+        if est.source == "measured" or k is None:
+            continue
+        try:
+            desc = describe_equation(e, dims)
+        except Unencodable:
+            continue
+        ghash, wkey = cost_model.keys(e, dims)
+        desc["axes"] = cost_model.workload(e, dims)[1]
+        recs.append(make_pending(ghash, wkey, cost_model.impl_key(k), cost_model.env_id,
+                                 {"name": k.name, "backend": k.backend, "variant": k.variant,
+                                  "label": kernel_name(k)}, desc))
+    return store.add_pending(recs) if recs else 0
+
+
+def heuristic_cost(graph: Graph, backends, cost_model, dims) -> float:
+    """The HEURISTIC plan's predicted time by the cost model (FASTEST never does worse)."""
+    from .selection import _Selector
+
+    g = decompose_unsupported(graph, backends, primary_backend(backends))
+    assign = assign_backends(g, backends)
+    from .selection import Choice
+
+    sel = _Selector(backends, cost_model, dims)
+    opts = []
+    for e, b in zip(g.eqns, assign):
+        k = accepted_kernels(e, b)[0]
+        opts.append({b: Choice(b, k, cost_model.kernel(e, k, dims))})
+    sel.prepare(g, "numpy", 0, opts)
+    return sel.total(assign)[0]

@@ -56,3 +56,194 @@ def pending_jobs(store: Any, env_id: str) -> list[dict]:
                          "golden": req.get("golden"), "graph_hash": g, "impl": impl["key"],
                          "workload": w, "env_id": env_id})
     return jobs
+
+
+# ------------------------------------------------------------------ one equation on one kernel
+# Pending flags written by the "fastest" policy (store table `pending`, schema 2) describe a
+# one-equation graph as msgpack-friendly data: primitive name, concrete params, input avals.
+
+
+class Unencodable(Exception):
+    """A param that has no msgpack-friendly form (the combination is then not flagged)."""
+
+
+def encode_param(v: Any) -> Any:
+    """A param as JSON/msgpack data; tuples and dtypes are tagged so they decode exactly.
+
+    >>> decode_param(encode_param((1, (2, 3), np.dtype("float32"))))
+    (1, (2, 3), dtype('float32'))
+    """
+    if v is None or isinstance(v, bool | int | float | str):
+        return v
+    if isinstance(v, np.generic):
+        return v.item()
+    if isinstance(v, np.dtype):
+        return {"dtype": v.name}
+    if isinstance(v, tuple):
+        return {"t": [encode_param(x) for x in v]}
+    if isinstance(v, list):
+        return [encode_param(x) for x in v]
+    raise Unencodable(f"cannot encode param {v!r} ({type(v).__name__})")
+
+
+def decode_param(v: Any) -> Any:
+    if isinstance(v, dict):
+        if "dtype" in v:
+            from tgx.shapes import DTYPES
+
+            return DTYPES[v["dtype"]]
+        return tuple(decode_param(x) for x in v["t"])
+    if isinstance(v, list):
+        return [decode_param(x) for x in v]
+    return v
+
+
+def describe_equation(eqn: Any, dims: dict) -> dict:
+    """{"primitive", "params", "inputs"} of `eqn` at the concrete binding `dims`."""
+    from tgx.core import Literal
+    from tgx.interpreters.evaluate import concretize
+    from tgx.planning.cost_model import _binding, _shape
+
+    env = _binding(dims)
+    syms = {s: env[s.name] for a in eqn.invars if not isinstance(a, Literal)
+            for d in a.aval.shape if type(d) is not int for s in d.free_symbols}
+    params = {k: encode_param(concretize(v, syms)) for k, v in sorted(eqn.params.items())}
+    inputs = []
+    for a in eqn.invars:
+        if isinstance(a, Literal):
+            inputs.append({"literal": encode_param(np.asarray(a.val).item()),
+                           "dtype": a.aval.dtype.name})
+        else:
+            inputs.append([list(_shape(a.aval, env)), a.aval.dtype.name])
+    return {"primitive": eqn.primitive.name, "params": params, "inputs": inputs}
+
+
+def equation_from(desc: dict) -> Any:
+    """The one-equation graph's equation rebuilt from `describe_equation`'s data."""
+    from tgx.core import Literal, _primitive_by_name
+    from tgx.shapes import DTYPES, ShapedArray
+    from tgx.tracing import GraphBuilder
+
+    prim = _primitive_by_name(desc["primitive"])
+    params = {k: decode_param(v) for k, v in desc["params"].items()}
+    with GraphBuilder() as b:
+        ins = []
+        for d in desc["inputs"]:
+            if isinstance(d, dict):
+                dt = DTYPES[d["dtype"]]
+                ins.append(Literal(np.asarray(d["literal"], dt).item(), ShapedArray((), dt)))
+            else:
+                ins.append(b.new_arg(ShapedArray(tuple(d[0]), DTYPES[d[1]])))
+        prim.bind(*ins, **params)
+        return b.eqns[-1]
+
+
+def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0) -> dict:
+    """A `profile` job: `kernel` on random inputs of `eqn` at `dims`, the primitive's NumPy
+    reference (float64 inputs) as golden."""
+    import functools
+
+    from tgx.core import Literal
+    from tgx.interpreters.evaluate import concretize
+    from tgx.lowerings.transfers import CONVERTERS
+    from tgx.planning.cost_model import _binding, _shape
+    from tgx.runtime import kernel_callable
+
+    env = _binding(dims)
+    syms = {s: env[s.name] for a in eqn.invars if not isinstance(a, Literal)
+            for d in a.aval.shape if type(d) is not int for s in d.free_symbols}
+    params = {k: concretize(v, syms) for k, v in eqn.params.items()}
+    arrays = list(random_inputs([(_shape(a.aval, env), a.aval.dtype.name)
+                                 for a in eqn.invars if not isinstance(a, Literal)], seed))
+    args = [np.asarray(a.val, a.aval.dtype) if isinstance(a, Literal) else arrays.pop(0)
+            for a in eqn.invars]
+    conv = CONVERTERS[kernel.backend]
+    bargs = tuple(conv(x) for x in args)
+    out_aval = eqn.outvars[0].aval
+    if kernel.writes_out:
+        shape = _shape(out_aval, env)
+        if kernel.backend == "torch":
+            import torch
+
+            from tgx.lowerings.transfers import torch_dtype
+
+            out = torch.empty(shape, dtype=torch_dtype(out_aval.dtype))
+        else:
+            out = np.empty(shape, out_aval.dtype)
+        fn = functools.partial(kernel.fn, out=out, **params)
+    else:
+        fn = kernel_callable(kernel, params)
+    ref = functools.partial(eqn.primitive.impl, **params)
+    return {"fn": fn, "args": bargs, "golden": ref if eqn.primitive.impl else None,
+            "dtype": out_aval.dtype, "sync": kernel.backend,
+            "atol": reduction_atol(eqn, args, _shape(out_aval, env), out_aval.dtype)}
+
+
+def reduction_atol(eqn: Any, args: list, out_shape: tuple, dtype: Any) -> float | None:
+    """An absolute tolerance that grows with the number of terms summed per output.
+
+    A float32 dot over K terms of N(0, 1) inputs carries absolute rounding error ~K·eps, so a
+    fixed atol flags correct matmuls as INCORRECT_NUMERICAL near zero. Per output element,
+    K = the largest input's elements / output elements; atol = max(default, 4·K·eps).
+    Elementwise ops (K ≤ 1) keep the default (None).
+    """
+    from tgx.profiling.accuracy import DEFAULT_ATOL
+
+    import ml_dtypes
+
+    if not (np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16") or not args:
+        return None
+    if eqn.primitive.name == "dot_general":
+        (lc, _), _ = eqn.params["dimension_numbers"]
+        k = int(np.prod([np.shape(args[0])[a] for a in lc]))
+    else:
+        k = max(int(np.size(a)) for a in args) / max(1, int(np.prod(out_shape)))
+    if k <= 1:
+        return None
+    return max(DEFAULT_ATOL.get(dtype.name, 1e-6), 4 * k * float(ml_dtypes.finfo(dtype).eps))
+
+
+def profile_kernel(eqn: Any, kernel: Any, dims: dict, store: Any, cost_model: Any,
+                   budget_s: float = 0.05) -> dict:
+    """Profile `kernel` on `eqn` at `dims`; record the trace under the cost model's keys."""
+    from tgx.planning.cost_model import kernel_name
+    from tgx.profiling.runner import profile
+
+    ghash, axes, inputs = cost_model.workload(eqn, dims)
+    wkey = store.add_workload(ghash, axes, inputs)
+    job = kernel_job(eqn, kernel, dims)
+    store.add_implementation("KERNEL", kernel_name(kernel), kernel.backend, kernel.source_hash)
+    return profile(job["fn"], job["args"], golden=job["golden"], dtype=job["dtype"],
+                   atol=job["atol"], store=store, graph_hash=ghash,
+                   impl=cost_model.impl_key(kernel), workload=wkey,
+                   env_id=cost_model.env_id, sync=job["sync"], budget_s=budget_s)
+
+
+def flagged_jobs(store: Any, env_id: str) -> tuple[list[dict], list[str]]:
+    """`profile_many` jobs for the store's pending flags on `env_id` (written by the
+    "fastest" policy) and the flag keys they cover. A flag whose kernel is gone or changed
+    (source hash) is covered without a job: it is stale."""
+    from tgx.lowerings.registry import kernels_for
+    from tgx.store.schema import implementation_key
+
+    jobs, keys = [], []
+    for rec in store.pending(env_id):
+        keys.append(rec["key"])
+        kd, desc = rec["kernel"], rec["equation"]
+        try:
+            k = next(k for k in kernels_for(kd["name"], kd["backend"])
+                     if k.variant == kd["variant"])
+        except Exception:
+            continue
+        if implementation_key("KERNEL", kd.get("label", k.name), k.backend,
+                              k.source_hash) != rec["impl"]:
+            continue
+        eqn = equation_from(desc)
+        inputs = [(tuple(d[0]), d[1]) for d in desc["inputs"] if not isinstance(d, dict)]
+        store.add_workload(rec["graph_hash"], desc.get("axes", {}), inputs)
+        store.add_implementation("KERNEL", kd.get("label", k.name), k.backend, k.source_hash)
+        job = kernel_job(eqn, k, {})
+        job.update(graph_hash=rec["graph_hash"], impl=rec["impl"], workload=rec["workload"],
+                   env_id=env_id)
+        jobs.append(job)
+    return jobs, keys

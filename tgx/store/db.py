@@ -41,6 +41,7 @@ from tgx.store.schema import (
     IMPLEMENTATIONS,
     META,
     META_ID,
+    PENDING,
     TABLES,
     TRACES,
     WORKLOADS,
@@ -207,6 +208,10 @@ class _Index:
         self.impls = {r["key"]: r for r in doc[IMPLEMENTATIONS].values()}
         self.envs = {r["id"]: r for r in doc[ENVIRONMENTS].values()}
         self.workloads = {r["key"]: r for r in doc[WORKLOADS].values()}
+        self.pending = {r["key"]: (int(i), r) for i, r in doc.get(PENDING, {}).items()}
+        self.workloads_g: dict[str, dict[str, None]] = {}
+        for r in self.workloads.values():
+            self.workloads_g.setdefault(r["graph_hash"], {})[r["key"]] = None
         self.traces: list[dict] = []
         self.by_graph: dict[str, list[dict]] = {}
         self.by_gwe: dict[tuple, list[dict]] = {}
@@ -247,6 +252,7 @@ class _Index:
             self.envs[rec["id"]] = rec
         elif table == WORKLOADS:
             self.workloads[rec["key"]] = rec
+            self.workloads_g.setdefault(rec["graph_hash"], {})[rec["key"]] = None
 
 
 # --------------------------------------------------------------------------- the store
@@ -355,8 +361,59 @@ class BenchmarkStore:
         ids = self._db.table(table).insert_multiple(records)
         stored = self._storage.doc[table]
         for doc_id in ids:
-            self._idx.add(table, stored[str(doc_id)])
+            if table == PENDING:
+                rec = stored[str(doc_id)]
+                self._idx.pending[rec["key"]] = (doc_id, rec)
+            else:
+                self._idx.add(table, stored[str(doc_id)])
         return ids
+
+    # ------------------------------------------------------------ pending flags
+
+    def add_pending(self, records: Iterable[Mapping[str, Any]]) -> int:
+        """Flag (graph, workload, implementation, env) combinations for the offline
+        profiler (records from `schema.make_pending`); already flagged ones are skipped, and
+        nothing is written when all are. Returns how many were added.
+
+        Example (``st`` an open store)::
+
+            st.add_pending([schema.make_pending("g", "w", "k", "e", {}, {})])  # -> 1
+        """
+        with self._tlock:
+            fresh = {r["key"]: dict(r) for r in records if r["key"] not in self._read().pending}
+            if not fresh:
+                return 0
+            with self._writing():
+                new = [r for k, r in fresh.items() if k not in self._idx.pending]
+                if new:
+                    self._insert(PENDING, new)
+                return len(new)
+
+    def pending(self, env_id: str | None = None) -> list[dict]:
+        """Pending records (bytes decoded into ``graph_bytes``), oldest first."""
+        with self._tlock:
+            recs = [r for _, r in sorted(self._read().pending.values(), key=lambda x: x[0])
+                    if env_id is None or r["env_id"] == env_id]
+            out = []
+            for r in recs:
+                r = dict(r)
+                r["graph_bytes"] = schema.b64decode(r.pop("graph_b64", None))
+                out.append(r)
+            return out
+
+    def clear_pending(self, keys: Iterable[str]) -> int:
+        """Remove the pending flags with these keys; returns how many were removed."""
+        keys = list(keys)
+        with self._tlock:
+            if not any(k in self._read().pending for k in keys):
+                return 0
+            with self._writing():
+                ids = [self._idx.pending[k][0] for k in keys if k in self._idx.pending]
+                if ids:
+                    self._db.table(PENDING).remove(doc_ids=ids)
+                    for k in keys:
+                        self._idx.pending.pop(k, None)
+                return len(ids)
 
     # ------------------------------------------------------------ writes
 
@@ -520,6 +577,18 @@ class BenchmarkStore:
                     else {"key": k, "graph_hash": graph_hash, "axes": None, "inputs": None}
                     for k in keys]
 
+    def workloads(self, graph_hash: str | None = None) -> list[dict]:
+        """Every workload record (of `graph_hash`, if given), traced or not.
+
+        Example (``st`` an open store)::
+
+            [w["axes"] for w in st.workloads("g1")]  # -> [{'N': 128}]
+        """
+        with self._tlock:
+            idx = self._read()
+            keys = idx.workloads if graph_hash is None else idx.workloads_g.get(graph_hash, {})
+            return [self._workload_out(idx.workloads[k]) for k in keys]
+
     @staticmethod
     def _workload_out(rec: dict) -> dict:
         out = dict(rec)
@@ -610,6 +679,7 @@ class BenchmarkStore:
             return {"path": self.path, "schema_version": meta["schema_version"],
                     "generation": meta.get("generation", 0), "size_bytes": size,
                     "counts": {t: len(self._storage.doc[t]) for t in TABLES},
+                    "pending": len(idx.pending),
                     "traces_by_status": by_status}
 
     def export(self, path: str | os.PathLike) -> str:

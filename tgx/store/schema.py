@@ -21,7 +21,9 @@ except ImportError:  # pragma: no cover - the store also works on its own
     _Base = Exception
 
 #: Bumped on any incompatible change of the on-disk layout; a newer file is refused.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Versions `validate_document` migrates in memory (the next write stores the new version).
+MIGRATABLE = (1,)
 
 GRAPHS = "canonical_graphs"
 IMPLEMENTATIONS = "implementations"
@@ -29,8 +31,12 @@ ENVIRONMENTS = "environments"
 WORKLOADS = "workloads"
 TRACES = "traces"
 META = "meta"
+#: Schema 2: (graph, workload, implementation, env) the "fastest" policy chose unmeasured.
+PENDING = "pending"
 #: The five data tables, in dependency order.
 TABLES = (GRAPHS, IMPLEMENTATIONS, ENVIRONMENTS, WORKLOADS, TRACES)
+#: Every table of the current schema (the data tables plus the pending flags).
+ALL_TABLES = TABLES + (PENDING,)
 #: The meta table holds a single record with this TinyDB document id.
 META_ID = "1"
 
@@ -254,7 +260,7 @@ def empty_document() -> dict:
     >>> sorted(empty_document())[:2]
     ['canonical_graphs', 'environments']
     """
-    doc: dict[str, dict] = {t: {} for t in TABLES}
+    doc: dict[str, dict] = {t: {} for t in ALL_TABLES}
     doc[META] = {META_ID: {"schema_version": SCHEMA_VERSION, "generation": 0,
                            "created": time.time()}}
     return doc
@@ -267,7 +273,7 @@ def validate_document(doc: Any, path: str) -> dict:
     schema version other than `SCHEMA_VERSION`. Missing data tables are added empty.
 
     >>> validate_document(empty_document(), "x.json")[META][META_ID]["schema_version"]
-    1
+    2
     """
     if not isinstance(doc, dict):
         raise CorruptStoreError(path, f"top level is a JSON {type(doc).__name__}, not an object")
@@ -277,12 +283,16 @@ def validate_document(doc: Any, path: str) -> dict:
     version = meta[META_ID].get("schema_version")
     if not isinstance(version, int) or isinstance(version, bool):
         raise CorruptStoreError(path, f"schema_version is {version!r}, not an integer")
+    if version in MIGRATABLE:  # 1 -> 2: add the empty pending table, keep everything else
+        meta[META_ID]["schema_version"] = SCHEMA_VERSION
+        meta[META_ID]["migrated_from"] = version
+        version = SCHEMA_VERSION
     if version != SCHEMA_VERSION:
         newer = "newer" if version > SCHEMA_VERSION else "older"
         raise StoreVersionError(
             f"benchmark store {path} has schema_version {version}, {newer} than this tgx "
             f"(schema_version {SCHEMA_VERSION}); the file was left untouched")
-    for name in TABLES:
+    for name in ALL_TABLES:
         table = doc.setdefault(name, {})
         if not isinstance(table, dict):
             raise CorruptStoreError(path, f"table '{name}' is a {type(table).__name__}, "
@@ -295,3 +305,22 @@ def validate_document(doc: Any, path: str) -> dict:
         if any(rec.get(f) is None for f in _TRACE_REQUIRED):
             raise CorruptStoreError(path, f"trace record lacks a required field: {str(rec)[:120]}")
     return doc
+
+
+def pending_key(graph_hash: str, workload: str, impl: str, env_id: str) -> str:
+    """The dedupe key of a pending flag.
+
+    >>> pending_key("g", "w", "k", "e")
+    'g|w|k|e'
+    """
+    return f"{graph_hash}|{workload}|{impl}|{env_id}"
+
+
+def make_pending(graph_hash: str, workload: str, impl: str, env_id: str,
+                 kernel: Mapping[str, Any], equation: Mapping[str, Any],
+                 graph_bytes: bytes | None = None) -> dict:
+    """A pending record: what to profile (see docs/store.md, table `pending`)."""
+    return {"key": pending_key(graph_hash, workload, impl, env_id), "graph_hash": graph_hash,
+            "workload": workload, "impl": impl, "env_id": env_id, "kernel": dict(kernel),
+            "equation": dict(equation), "graph_b64": b64encode(graph_bytes),
+            "created": time.time()}

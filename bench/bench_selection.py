@@ -1,0 +1,117 @@
+"""Selection quality: FASTEST's plan against every single-backend plan and random mixed plans.
+
+    .venv/bin/python bench/bench_selection.py [--quick] [--mixed N]
+
+For each graph (MLP, transformer block, LSTM step): EXPLORE profiles every candidate kernel of
+every equation into a fresh store; FASTEST then plans from those traces. Every plan is timed
+on the same inputs (median of `tgx.profiling.measure`, best of `--rounds` round-robin
+passes). Regret = FASTEST / best timed plan - 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+import tgx  # noqa: E402
+import tgx.nn as tnn  # noqa: E402
+from bench_runtime import block, block_params, mlp  # noqa: E402
+from tgx.compiler import Plan  # noqa: E402
+from tgx.interpreters.lower import lower  # noqa: E402
+from tgx.interpreters.rebackend import rebackend  # noqa: E402
+from tgx.lowerings import available_backends  # noqa: E402
+from tgx.planning.candidates import accepted_kernels  # noqa: E402
+from tgx.planning.policies import decompose_unsupported  # noqa: E402
+from tgx.profiling import measure  # noqa: E402
+from tgx.store import BenchmarkStore  # noqa: E402
+from tgx.tracing import tree_flatten  # noqa: E402
+
+
+def graphs(quick):
+    rng = np.random.default_rng(0)
+    n, d, h = (64, 128, 256) if quick else (256, 512, 1024)
+    pm = {"w1": rng.standard_normal((d, h)).astype(np.float32) / 20,
+          "b1": np.zeros(h, np.float32), "w2": rng.standard_normal((h, h)).astype(np.float32) / 30,
+          "b2": np.zeros(h, np.float32), "w3": rng.standard_normal((h, 10)).astype(np.float32)}
+    xm = rng.standard_normal((n, d)).astype(np.float32)
+    yield "mlp", mlp, (pm, xm)
+    t, dm, ff = (32, 64, 128) if quick else (128, 256, 768)
+    pb, cos, sin = block_params(rng, t, dm, ff)
+    xb = rng.standard_normal((t, dm)).astype(np.float32)
+    yield "transformer block", lambda p, x, c, s: block(p, x, c, s), (pb, xb, cos, sin)
+    b, i, hs = (8, 32, 64) if quick else (32, 256, 512)
+    w = lambda *s: (rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32)  # noqa: E731
+    args = (w(b, i), (w(b, hs), w(b, hs)), w(4 * hs, i), w(4 * hs, hs), w(4 * hs), w(4 * hs))
+    yield "lstm step", tnn.lstm_cell, args
+
+
+def timed(plan, args, budget):
+    leaves, _ = tree_flatten((args, {}))
+    # torch's OpenMP workers spin for milliseconds after the previous plan and slow NumPy's
+    # BLAS threads (see SWITCH_PENALTY): let them go idle so plans do not pay for each other
+    time.sleep(0.05)
+    return measure(lambda: plan.run_flat(leaves), budget_s=budget).median_s
+
+
+def mixed_plans(graph, backends, n, seed=0):
+    g = decompose_unsupported(graph, backends, None)
+    options = [[b for b in backends if accepted_kernels(e, b)] for e in g.eqns]
+    rnd = random.Random(seed)
+    for _ in range(n):
+        assign = [rnd.choice(o) for o in options]
+        bg = rebackend(g, assign)
+        kernels = [accepted_kernels(e, b)[0] for e, b in zip(bg.eqns, bg.backends)]
+        yield Plan(graph, bg, kernels, lower(bg, kernels), "mixed")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--mixed", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=2)
+    a = ap.parse_args(argv)
+    budget = 0.1 if a.quick else 0.4
+    backends = available_backends()
+    rows = []
+    for name, fn, args in graphs(a.quick):
+        store = BenchmarkStore(tempfile.mktemp(suffix=".json"))
+        t0 = time.perf_counter()
+        tgx.compile(fn, policy="explore", store=store, backends=backends).lower(*args)
+        explore_s = time.perf_counter() - t0
+        fast = tgx.compile(fn, policy="fastest", store=store, backends=backends).lower(*args)
+        plans = {"fastest": fast}
+        for b in backends:
+            plans[b] = tgx.compile(fn, policy="heuristic", backends=[b]).lower(*args)
+        plans["heuristic"] = tgx.compile(fn, policy="heuristic", backends=backends).lower(*args)
+        for i, p in enumerate(mixed_plans(fast.source_graph, backends, a.mixed)):
+            plans[f"mixed{i}"] = p
+        times: dict[str, float] = {}
+        for _ in range(a.rounds):  # round robin, best of rounds: less sensitive to load
+            for k, p in plans.items():
+                times[k] = min(times.get(k, float("inf")), timed(p, args, budget))
+        mixed = [t for k, t in times.items() if k.startswith("mixed")]
+        best = min(times.values())
+        rows.append((name, len(store.traces()), explore_s, fast.predicted_s, times, min(mixed),
+                     best))
+    print(f"{'graph':<18} {'traces':>6} {'explore':>8} {'pred':>9} {'fastest':>9} "
+          + " ".join(f"{b + '/F':>9}" for b in [*backends, "heuristic"])
+          + f" {'mixed/F':>8} {'regret':>7}")
+    for name, nt, ex, pred, times, mixed, best in rows:
+        f = times["fastest"]
+        print(f"{name:<18} {nt:>6} {ex:>7.1f}s {pred * 1e6:>7.1f}µs {f * 1e6:>7.1f}µs "
+              + " ".join(f"{times[b] / f:>9.2f}" for b in [*backends, "heuristic"])
+              + f" {mixed / f:>8.2f} {100 * (f / best - 1):>6.1f}%")
+    print("ratios: time of that plan / FASTEST's (> 1: FASTEST is faster); mixed: best of "
+          f"{a.mixed} random mixed plans; regret: FASTEST vs the best plan timed")
+
+
+if __name__ == "__main__":
+    main()

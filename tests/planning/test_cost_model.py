@@ -1,0 +1,81 @@
+"""Cost model: measured figures from the store, the nearest-binding rule, the roofline."""
+
+import numpy as np
+import pytest
+
+import tgx
+import tgx.numpy as tnp
+from tgx.lowerings.registry import kernels_for
+from tgx.planning.cost_model import CostModel, calibrate
+from tgx.store import BenchmarkStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    with BenchmarkStore(tmp_path / "s.json") as st:
+        yield st
+
+
+def _exp():
+    g = tgx.make_graph(lambda x: tnp.exp(x))(tgx.Spec(("N",)))
+    k = next(k for k in kernels_for("exp", "numpy") if k.variant == "default")
+    return g.eqns[0], k
+
+
+def plant(store, cm, eqn, kernel, n, seconds, err=1e-7):
+    ghash, axes, inputs = cm.workload(eqn, {"N": n})
+    w = store.add_workload(ghash, axes, inputs)
+    store.add_trace(graph_hash=ghash, impl=cm.impl_key(kernel), workload=w, env_id=cm.env_id,
+                    status="PASSED", median_s=seconds, max_rel_err=err)
+    return w
+
+
+def test_unmeasured_is_the_roofline(store):
+    eqn, k = _exp()
+    est = CostModel(store).kernel(eqn, k, {"N": 1 << 20})
+    assert est.source == "cost model" and est.seconds > 1e-4
+
+
+def test_measured_exact_binding(store):
+    eqn, k = _exp()
+    cm = CostModel(store)
+    w = plant(store, cm, eqn, k, 1000, 3e-5)
+    est = CostModel(store).kernel(eqn, k, {"N": 1000})
+    assert (est.seconds, est.source) == (3e-5, "measured") and w in est.detail
+
+
+def test_nearest_binding_in_log_space_scaled_by_bytes(store):
+    eqn, k = _exp()
+    cm = CostModel(store)
+    plant(store, cm, eqn, k, 1000, 1e-5)
+    w_far = plant(store, cm, eqn, k, 100_000, 5e-4)
+    cm = CostModel(store)
+    est = cm.kernel(eqn, k, {"N": 50_000})  # log-closer to 100k than to 1k
+    assert est.source == "measured" and w_far in est.detail
+    ovh = cm.backend_costs["numpy"][0]
+    assert est.seconds == pytest.approx(ovh + (5e-4 - ovh) * 0.5)
+
+
+def test_tolerance_excludes_inaccurate_kernels(store):
+    eqn, k = _exp()
+    cm = CostModel(store)
+    plant(store, cm, eqn, k, 10, 1e-6, err=1e-2)
+    assert CostModel(store, tolerance=1e-3).excluded(eqn, k, {"N": 10}) is not None
+    assert CostModel(store, tolerance=1e-1).excluded(eqn, k, {"N": 10}) is None
+
+
+def test_calibrate_records_overheads(store):
+    out = calibrate(store, ["numpy", "torch"], budget_s=0.02)
+    assert 0 < out["overhead@numpy"] < 1e-3 and out["switch@torch->numpy"] >= 0
+    cm = CostModel(store)
+    assert cm.backend_costs["numpy"][0] == pytest.approx(out["overhead@numpy"])
+    assert cm.switch("torch", "numpy") == pytest.approx(out["switch@torch->numpy"])
+
+
+def test_transfer_costs():
+    cm = CostModel()
+    a = tgx.Spec((1000,), "float32")
+    assert cm.transfer(a, "numpy", "numpy", {}).seconds == 0
+    assert cm.transfer(a, "numpy", "jax", {}).seconds > cm.transfer(a, "numpy", "torch",
+                                                                     {}).seconds
+    assert np.isfinite(cm.transfer(a, "torch", "jax", {}).seconds)

@@ -1,0 +1,238 @@
+"""tgx.paths: counting, enumeration, filters, ranking, pruning, pattern kernels, running plans."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tgx
+import tgx.nn as tnn
+import tgx.numpy as tnp
+from tgx.planning.cost_model import Estimate
+from tgx.planning.paths import Paths
+from tgx.primitives.transfer import copy_to
+from tgx.serialize import SerializationError, plan_from_bytes, plan_to_bytes
+
+S = tgx.Spec
+NT = ["numpy", "torch"]
+
+
+class PlantedCosts:
+    """A fake cost model: a fixed pseudo-random time per (primitive, kernel) and transfer."""
+
+    def __init__(self, seed=0):
+        self.seed = seed
+
+    def _t(self, *key) -> float:
+        h = hashlib.sha256(repr((self.seed, key)).encode()).digest()
+        return (1 + int.from_bytes(h[:4], "little") % 1000) * 1e-6
+
+    def kernel(self, eqn, kernel, dims):
+        return Estimate(self._t(eqn.primitive.name, repr(kernel),
+                                tuple(str(v.aval) for v in eqn.outvars)), "cost model")
+
+    def transfer(self, aval, src, dst, dims):
+        return Estimate(self._t(str(aval), src, dst), "measured")
+
+
+# -- random small graphs of elementwise / softmax / matmul ops -----------------------------
+OPS = ["exp", "neg", "add", "mul", "softmax", "matmul"]
+
+
+def build(ops):
+    def f(x, y):
+        vals = [x]
+        for op, i in ops:
+            a = vals[-1]
+            b = vals[i % len(vals)]
+            if op == "exp":
+                vals.append(tnp.exp(a))
+            elif op == "neg":
+                vals.append(-a)
+            elif op == "add":
+                vals.append(a + b)
+            elif op == "mul":
+                vals.append(a * y)
+            elif op == "softmax":
+                vals.append(tnn.softmax(a, axis=-1))
+            else:
+                vals.append(a @ y)
+        return vals[-1]
+    return tgx.make_graph(f)(S((4, 4)), S((4, 4)))
+
+
+programs = st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 5)), min_size=1, max_size=3)
+
+
+@settings(max_examples=20, deadline=None)
+@given(programs, st.booleans())
+def test_count_equals_enumeration(ops, two_backends):
+    g = build(ops)
+    ps = Paths(g, backends=NT if two_backends else ["numpy"], decompose=not two_backends,
+               cost_model=PlantedCosts())
+    assert ps.count() == sum(1 for _ in ps)
+
+
+@settings(max_examples=10, deadline=None)
+@given(programs, st.integers(0, 3))
+def test_ranked_is_ordered_and_optimal(ops, seed):
+    g = build(ops)
+    ps = Paths(g, backends=NT, decompose=False, cost_model=PlantedCosts(seed))
+    costs = [p.cost for p in itertools.islice(ps.ranked(), 20)]
+    assert costs == sorted(costs)
+    brute = sorted(p.cost for p in ps)
+    assert costs[0] == pytest.approx(brute[0])
+    assert costs == pytest.approx(brute[:20])  # the k best, exactly
+
+
+def test_ranked_with_decompositions_matches_brute_force():
+    g = tgx.make_graph(lambda x: tnp.exp(tnn.softmax(x, axis=-1)))(S((4, 8)))
+    ps = Paths(g, backends=["numpy"], cost_model=PlantedCosts(7))
+    all_costs = sorted(p.cost for p in ps)
+    got = [p.cost for p in ps.ranked()]
+    assert got == pytest.approx(all_costs)
+    assert len(got) == ps.count()
+
+
+def test_every_plan_runs_and_matches_reference():
+    g = tgx.make_graph(lambda x, y: tnn.softmax(tnp.exp(x) @ y, axis=-1))(S((3, 4)), S((4, 5)))
+    ps = Paths(g, backends=NT, decompose=False, cost_model=PlantedCosts())
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    y = np.random.default_rng(1).standard_normal((4, 5)).astype(np.float32)
+    ref = tgx.interpreters.evaluate.eval_graph(g, x, y)
+    n = 0
+    for p in ps:
+        np.testing.assert_allclose(p.run(x, y), ref, rtol=1e-5, atol=1e-6)
+        assert p.ntransfers == len(p.lower().transfers())
+        n += 1
+    assert n == ps.count() > 1
+
+
+def test_decomposed_plans_run():
+    g = tgx.make_graph(lambda x: tnn.softmax(x, axis=-1))(S((2, 3)))
+    ps = Paths(g, backends=["numpy", "torch", "jax"], cost_model=PlantedCosts())
+    x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
+    ref = tgx.interpreters.evaluate.eval_graph(g, x)
+    for p in itertools.islice(ps, 0, None, max(1, ps.count() // 25)):
+        np.testing.assert_allclose(p.run(x), ref, rtol=1e-5, atol=1e-6)
+
+
+def test_filters():
+    g = tgx.make_graph(lambda x: tnn.softmax(tnp.exp(x), axis=-1))(S((4, 4)))
+    full = Paths(g, backends=NT, cost_model=PlantedCosts())
+    only_np = Paths(g, backends=["numpy"], cost_model=PlantedCosts())
+    assert all(s.option.backend == "numpy" for p in only_np for s in p.steps)
+    assert only_np.count() < full.count()
+    nodec = Paths(g, backends=NT, decompose=False, cost_model=PlantedCosts())
+    assert all(t["d"] != "decomposition" for p in nodec for t in p.tokens())
+    n_kernels = [sum(c.kind == "kernel" for c in tgx.candidates(e, NT)) for e in g.eqns]
+    assert nodec.count() == n_kernels[0] * n_kernels[1]
+    zero = Paths(g, backends=NT, decompose=False, max_transfers=0, cost_model=PlantedCosts())
+    plans = list(zero)
+    assert zero.count() == len(plans) and all(p.ntransfers == 0 for p in plans)
+    assert all(p.backends() == ["numpy"] for p in plans)
+    one = Paths(g, backends=NT, decompose=False, max_transfers=2, cost_model=PlantedCosts())
+    assert zero.count() < one.count() <= nodec.count()
+    kern = Paths(g, backends=NT, decompose=False, cost_model=PlantedCosts(),
+                 kernels_only=["exp@numpy", "softmax"])
+    assert kern.count() == 1 * n_kernels[1]
+
+
+def test_pointless_round_trips_pruned():
+    def f(x):  # copies with no work between: no choice, no transfer of their own
+        return tnp.exp(copy_to(copy_to(x, backend="torch"), backend="numpy"))
+    g = tgx.make_graph(f)(S((4,)))
+    plain = tgx.make_graph(lambda x: tnp.exp(x))(S((4,)))
+    ps = Paths(g, backends=NT, cost_model=PlantedCosts())
+    assert ps.count() == Paths(plain, backends=NT, cost_model=PlantedCosts()).count() == 4
+    for p in ps:
+        assert p.ntransfers == (0 if p.backends() == ["numpy"] else 2)
+        for s in p.steps:  # never copied to a backend already holding it
+            assert all(src != dst for _, src, dst, _ in s.transfers)
+
+
+def test_pattern_kernel_found_in_hand_written_rmsnorm():
+    def rmsnorm(x, w):
+        ms = tnp.mean(x * x, axis=-1, keepdims=True)
+        return x / tnp.sqrt(ms + 1e-6) * w
+    g = tgx.make_graph(rmsnorm)(S((8, 64)), S((64,)))
+    ps = Paths(g, backends=NT, decompose=False, cost_model=PlantedCosts())
+    assert [m.label for m in ps.root.matches] == ["rms_norm_pattern[7 eqns]"]
+    pat = [p for p in ps if any(s.option.kind == "pattern" for s in p.steps)]
+    assert len(pat) == 2  # on numpy and on torch
+    no_pat = Paths(g, backends=NT, decompose=False, patterns=False, cost_model=PlantedCosts())
+    assert ps.count() == no_pat.count() + 2
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    for p in pat:
+        assert len(p.steps) == 1 and "rms_norm_pattern" in p.summary()
+        np.testing.assert_allclose(p.run(x, w), p.reference(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_pattern_kernel_in_rms_norm_decomposition():
+    g = tgx.make_graph(lambda x, w: tnn.rms_norm(x, 64, w, eps=1e-6))(S((2, 8, 64)), S((64,)))
+    ps = Paths(g, backends=NT, cost_model=PlantedCosts())
+    sub = ps.root.eqn_units[0].sub
+    assert sub.matches and ps.count() == sum(1 for _ in itertools.islice(ps, 10**6))
+    pat = next(p for p in ps if any(s.option.kind == "pattern" for s in p.steps))
+    x = np.random.default_rng(0).standard_normal((2, 8, 64)).astype(np.float32)
+    w = np.ones(64, np.float32)
+    np.testing.assert_allclose(pat.run(x, w), pat.reference(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_sources_and_summary():
+    ps = tgx.paths(lambda x: tnp.exp(x) * 2.0)(S((8,)), backends=NT, cost_model=PlantedCosts())
+    worst = max(ps, key=lambda p: p.ntransfers)
+    text = worst.summary()
+    for word in ("step", "primitive", "choice", "backend", "predicted", "source", "copy_to",
+                 "measured", "cost model"):
+        assert word in text
+    assert worst.sources["measured"] == worst.ntransfers
+
+
+def test_count_is_fast_on_big_spaces():
+    def block(x, w1, w2, g):
+        h = tnn.rms_norm(x, 32, g)
+        h = tnn.softmax(h @ w1, axis=-1) @ w2
+        return x + tnn.gelu(h)
+    ps = tgx.paths(block)(S((8, 32)), S((32, 32)), S((32, 32)), S((32,)))
+    assert ps.count() > 10**6
+    best = next(iter(ps.ranked()))
+    assert best.cost <= next(iter(ps)).cost
+
+
+def test_plan_save_load_run(tmp_path):
+    g = tgx.make_graph(lambda x: tnn.softmax(tnp.exp(x), axis=-1))(S((3, 4)))
+    ps = Paths(g, backends=NT, cost_model=PlantedCosts())
+    plan = list(itertools.islice(ps.ranked(), 3))[-1]
+    store = tgx.BenchmarkStore(tmp_path / "s.json")
+    key = plan.save(store)
+    rec = store.get_implementation(key)
+    assert rec["kind"] == "GRAPH_RECIPE"
+    back = plan_from_bytes(rec["payload"], cost_model=PlantedCosts())
+    assert back.tokens() == plan.tokens() and back.cost == pytest.approx(plan.cost)
+    x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
+    np.testing.assert_allclose(back.run(x), plan.run(x), rtol=1e-6)
+    rec = plan.profile(x, store=store, budget_s=0.01)
+    assert rec["status"] == "PASSED"
+    assert ps.measured(store)[0][0] == rec["median_s"]
+
+
+def test_plan_load_fails_when_kernel_source_changed():
+    g = tgx.make_graph(lambda x: tnp.exp(x))(S((3,)))
+    plan = next(iter(Paths(g, backends=["numpy"], cost_model=PlantedCosts())))
+    b = plan_to_bytes(plan)
+    import msgpack
+    d = msgpack.unpackb(b, raw=False, strict_map_key=False)
+    d["decisions"][0]["source_hash"] = "0" * 64
+    with pytest.raises(SerializationError, match="changed since the plan was saved"):
+        plan_from_bytes(msgpack.packb(d, use_bin_type=True))
+    d["decisions"][0]["backend"] = "nowhere"
+    with pytest.raises(SerializationError, match="not available"):
+        plan_from_bytes(msgpack.packb(d, use_bin_type=True))

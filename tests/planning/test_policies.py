@@ -1,0 +1,138 @@
+"""Policies wired into tgx.compile: fastest, explore, tolerance, pending flags."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tgx
+import tgx.numpy as tnp
+from tgx.lowerings.registry import kernels_for, register_kernel, remove_kernel
+from tgx.planning.cost_model import CostModel
+from tgx.store import BenchmarkStore
+
+
+@pytest.fixture
+def store(tmp_path):
+    with BenchmarkStore(tmp_path / "s.json") as st:
+        yield st
+
+
+def f(x):
+    return tnp.tanh(tnp.exp(x) * 2.0)
+
+
+X = np.linspace(-1, 1, 256).astype(np.float32)
+
+
+def test_fastest_picks_planted_fastest(store):
+    g = tgx.make_graph(f)(tgx.Spec((256,)))
+    cm = CostModel(store)
+    for e in g.eqns:
+        for b in ("numpy", "torch", "jax"):
+            for k in kernels_for(e.primitive.name, b):
+                ghash, axes, inputs = cm.workload(e, {})
+                w = store.add_workload(ghash, axes, inputs)
+                t = 1e-6 if b == "numpy" else 1e-3
+                store.add_trace(graph_hash=ghash, impl=cm.impl_key(k), workload=w,
+                                env_id=cm.env_id, status="PASSED", median_s=t, max_rel_err=0)
+    plan = tgx.compile(f, store=store).lower(X)
+    assert set(plan.graph.backends) == {"numpy"}
+    assert "measured" in str(plan) and plan.predicted_s < 1e-4
+    np.testing.assert_allclose(plan(X), np.tanh(np.exp(X) * 2), rtol=1e-5)
+
+
+def test_fastest_on_empty_store_is_no_worse_than_heuristic_and_flags_pending(store):
+    plan = tgx.compile(f, store=store).lower(X)
+    assert plan.predicted_s > 0 and "cost model" in str(plan)
+    assert len(store.pending()) >= 3
+    np.testing.assert_allclose(plan(X), np.tanh(np.exp(X) * 2), rtol=1e-5)
+
+
+def test_pending_cleared_by_cli(store, tmp_path):
+    tgx.compile(f, store=store, backends=["numpy"]).lower(X)
+    n = len(store.pending())
+    assert n >= 3
+    r = subprocess.run([sys.executable, "-m", "tgx", "profile", "--pending", "--store",
+                        store.path, "--budget", "0.01", "--no-progress"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    st = BenchmarkStore(store.path)
+    assert st.pending() == []
+    assert len(st.traces(status="PASSED")) >= n
+    plan = tgx.compile(f, store=st, backends=["numpy"]).lower(X)
+    assert str(plan).count("measured") >= 3
+
+
+def test_explore_records_traces_and_second_compile_reuses_them(store, monkeypatch):
+    p1 = tgx.compile(f, store=store, policy="explore", backends=["numpy", "torch"]).lower(X)
+    n = len(store.traces())
+    assert n > 0 and "measured" in str(p1)
+    import tgx.profiling.pending as pending
+
+    monkeypatch.setattr(pending, "profile_kernel", lambda *a, **k: pytest.fail("profiled"))
+    p2 = tgx.compile(f, store=store, policy="explore", backends=["numpy", "torch"]).lower(X)
+    assert len(store.traces()) == n
+    assert [repr(k) for k in p1.kernels] == [repr(k) for k in p2.kernels]
+
+
+def test_tolerance_excludes_fast_inaccurate_kernel(store):
+    @register_kernel("tanh", "numpy", variant="naive")
+    def naive_tanh(x):  # computes in float16: relative error ~1e-3 on random inputs
+        return np.tanh(x.astype(np.float16)).astype(x.dtype)
+
+    try:
+        big = np.linspace(-1e4, 1e4, 256).astype(np.float32)
+        g = lambda x: tnp.tanh(x)  # noqa: E731
+        tgx.compile(g, store=store, policy="explore", backends=["numpy"]).lower(big)
+        cm = CostModel(store)
+        k = next(k for k in kernels_for("tanh", "numpy") if k.variant == "naive")
+        ghash, w = cm.keys(tgx.make_graph(g)(tgx.Spec((256,))).eqns[0], {})
+        rec = store.measured(ghash, cm.impl_key(k), w, cm.env_id)
+        assert rec["status"] != "PASSED" or rec["max_rel_err"] > 1e-5
+        plan = tgx.compile(g, store=store, tolerance=1e-5, backends=["numpy"]).lower(big)
+        assert all(k.variant != "naive" for k in plan.kernels)
+        np.testing.assert_allclose(plan(big), np.tanh(big))
+    finally:
+        remove_kernel("tanh", "numpy", "naive")
+
+
+def test_impossible_tolerance_for_float16_raises(store):
+    with pytest.raises(tgx.TgxError, match="float16"):
+        tgx.compile(f, store=store, tolerance=1e-9).lower(X.astype(np.float16))
+
+
+def test_store_v1_is_migrated(tmp_path):
+    import json
+
+    p = tmp_path / "old.json"
+    p.write_text(json.dumps({"meta": {"1": {"schema_version": 1, "generation": 1}},
+                             "traces": {"1": {"graph_hash": "g", "impl": "k", "workload": "w",
+                                              "env_id": "e", "status": "PASSED",
+                                              "median_s": 1.0, "timestamp": 0}}}))
+    st = BenchmarkStore(p)
+    assert st.stats()["schema_version"] == 2 and len(st.traces()) == 1
+    st.add_graph("h", "x", b"")
+    assert json.loads(p.read_text())["meta"]["1"]["schema_version"] == 2
+    assert len(BenchmarkStore(p).traces()) == 1
+
+
+def test_fastest_picks_planted_mixed_plan(store):
+    """exp planted fast on jax only: worth the numpy→jax copy (~40 µs) and nothing else."""
+    g = tgx.make_graph(f)(tgx.Spec((256,)))
+    cm = CostModel(store)
+    for e in g.eqns:
+        for b in ("numpy", "jax"):
+            for k in kernels_for(e.primitive.name, b):
+                ghash, axes, inputs = cm.workload(e, {})
+                w = store.add_workload(ghash, axes, inputs)
+                fast = (b == "jax") == (e.primitive.name == "exp")
+                store.add_trace(graph_hash=ghash, impl=cm.impl_key(k), workload=w,
+                                env_id=cm.env_id, status="PASSED",
+                                median_s=1e-6 if fast else 1e-3, max_rel_err=0)
+    plan = tgx.compile(f, store=store, backends=["numpy", "jax"]).lower(X)
+    by = {e.primitive.name: b for e, b in zip(plan.graph.eqns, plan.graph.backends)
+          if e.primitive.name != "copy_to"}
+    assert by["exp"] == "jax" and by["mul"] == "numpy" and by["tanh"] == "numpy"
+    np.testing.assert_allclose(plan(X), np.tanh(np.exp(X) * 2), rtol=1e-5)

@@ -1,0 +1,350 @@
+"""The cost model: how long one equation takes on one kernel, and one transfer between backends.
+
+Measured first: the median of the best PASSED store trace of (graph hash of the one-equation
+graph, workload key of its concrete binding, implementation key, environment id). A binding
+that was never measured borrows the *nearest measured binding* of the same graph,
+implementation and environment: the workload whose total input elements are closest in
+log-space, its time scaled by the ratio of input bytes above the backend's per-call overhead
+(``overhead + (t - overhead) * bytes_now / bytes_then``). Otherwise a roofline guess:
+``overhead + bytes moved / bandwidth + flops / peak`` with the constants in `BACKEND_COSTS`
+(see docs/selection.md for how they were chosen; `calibrate()` measures them here).
+
+>>> import tgx, tgx.numpy as tnp
+>>> g = tgx.make_graph(lambda x: tnp.exp(x))(tgx.Spec(("N",)))
+>>> from tgx.lowerings.registry import kernels_for
+>>> k = [k for k in kernels_for("exp", "numpy") if k.variant == "default"][0]
+>>> CostModel().kernel(g.eqns[0], k, {"N": 1000}).source
+'cost model'
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..core import Literal
+from ..shapes import eval_dim
+
+# backend -> (per-call overhead s, bandwidth B/s, peak flop/s). Rough CPU figures: overheads
+# from timing a 1-element add through each library (numpy ≈ 1 µs, torch ≈ 4 µs, a jitted jax
+# op ≈ 5 µs), bandwidth from a 4M-element add (~8-10 GB/s per core), peak from a 512³ matmul.
+BACKEND_COSTS: dict[str, tuple[float, float, float]] = {
+    "numpy": (1.0e-6, 8e9, 3e10),
+    "torch": (4.0e-6, 10e9, 4e10),
+    "jax": (5.0e-6, 10e9, 4e10),
+}
+# (src, dst) -> (overhead s, bandwidth B/s or None for zero-copy)
+TRANSFER_COSTS: dict[tuple[str, str], tuple[float, float | None]] = {
+    # measured with tgx.profiling.measure on a 64x256 float32 array (2-core CPU)
+    ("numpy", "torch"): (1.5e-6, None),   # torch.from_numpy: zero-copy
+    ("torch", "numpy"): (1.8e-6, None),   # tensor.numpy(): zero-copy
+    ("numpy", "jax"): (40e-6, 8e9),       # device_put copies (~41 µs for 64 KiB)
+    ("jax", "numpy"): (1.0e-6, None),     # np.asarray of a CPU jax array: zero-copy
+    ("torch", "jax"): (50e-6, 8e9),       # ~50 µs measured
+    ("jax", "torch"): (6.0e-6, None),     # DLPack
+}
+# (src, dst) -> seconds of thread-pool contention when work moves from backend src to dst:
+# torch's OpenMP workers keep spinning after an op, so a multi-threaded NumPy BLAS call right
+# after one ran ~8 ms slower on the 2-core CPU these were measured on (a 256x256 matmul after a
+# torch add, minus both alone); jax → torch ~2.7 ms. torch → jax gets the torch → numpy figure
+# too: otherwise a plan hides the contention behind one jax op between torch and NumPy work
+# (seen: 24 ms plans predicted at 2 ms). Other pairs ≈ 0. `calibrate()` re-measures.
+SWITCH_PENALTY: dict[tuple[str, str], float] = {
+    ("torch", "numpy"): 7.8e-3,
+    ("torch", "jax"): 7.8e-3,
+    ("jax", "torch"): 2.7e-3,
+}
+CALIBRATION_GRAPH = "tgx-calibration"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A predicted time, where it came from ("measured" | "cost model" | "unknown"), and a
+    detail (store workload used, or the formula)."""
+
+    seconds: float
+    source: str
+    detail: str = ""
+
+
+def _binding(dims) -> dict:
+    """{name: int} from {name_or_Symbol: int}."""
+    return {str(k): int(v) for k, v in (dims or {}).items()}
+
+
+def _shape(aval, env: dict) -> tuple[int, ...]:
+    out = []
+    for d in aval.shape:
+        if type(d) is int:
+            out.append(d)
+        else:
+            out.append(eval_dim(d, {s: env[s.name] for s in d.free_symbols}))
+    return tuple(out)
+
+
+def _nbytes(aval, env) -> int:
+    return math.prod(_shape(aval, env)) * aval.dtype.itemsize
+
+
+def _flops(eqn, env) -> float:
+    if eqn.primitive.name != "dot_general":
+        return 0.0
+    (lc, _), _ = eqn.params["dimension_numbers"]
+    lhs = _shape(eqn.invars[0].aval, env)
+    k = math.prod(lhs[a] for a in lc)
+    return 2.0 * math.prod(_shape(eqn.outvars[0].aval, env)) * k
+
+
+class CostModel:
+    """Kernel and transfer time estimates from `store` (measured) and the roofline constants.
+
+    `store`: a `BenchmarkStore` or None (cost model only). `env_id`: the environment to read
+    (default: this machine's). `tolerance`: kernels whose measured max relative error exceeds
+    it are `excluded`.
+    """
+
+    def __init__(self, store=None, env_id=None, tolerance=None):
+        self.store = store
+        self.tolerance = tolerance
+        self.backend_costs = dict(BACKEND_COSTS)
+        self.switch_penalty = dict(SWITCH_PENALTY)
+        self._env_id = env_id
+        self._keys: dict = {}
+        self._impl: dict = {}
+        self._measured: dict = {}
+        if store is not None and len(store):
+            self._load_calibration()
+
+    @property
+    def env_id(self) -> str | None:
+        if self._env_id is None and self.store is not None:
+            from ..profiling.runner import _env_id
+
+            self._env_id = _env_id(self.store)
+        return self._env_id
+
+    # -- keys ------------------------------------------------------------------------------
+    def keys(self, eqn, dims) -> tuple[str, str]:
+        """(graph_hash, workload_key) of the one-equation graph at this binding."""
+        from ..store.schema import workload_key
+
+        ghash, axes, inputs = self.workload(eqn, dims)
+        return ghash, workload_key(ghash, axes, inputs)
+
+    def workload(self, eqn, dims) -> tuple[str, dict, list]:
+        """(graph_hash, axes, input descriptors): symbols named s0, s1 … in order of first
+        appearance in the inputs (as the structural hash renames them)."""
+        env = _binding(dims)
+        ghash, syms = self._graph_key(eqn)
+        inputs = [(_shape(a.aval, env), a.aval.dtype.name) for a in eqn.invars
+                  if not isinstance(a, Literal)]
+        return ghash, {f"s{i}": env[s] for i, s in enumerate(syms)}, inputs
+
+    def _graph_key(self, eqn):
+        key = (eqn.primitive.name, repr(sorted(eqn.params.items())),
+               tuple(str(a.aval) if not isinstance(a, Literal) else repr(a.val)
+                     for a in eqn.invars))
+        hit = self._keys.get(key)
+        if hit is None:
+            from ..graph import structural_hash
+
+            g = one_equation_graph(eqn)
+            syms: list[str] = []
+            for v in g.invars:
+                for d in v.aval.shape:
+                    if type(d) is not int:
+                        for s in sorted(d.free_symbols, key=lambda s: s.name):
+                            if s.name not in syms:
+                                syms.append(s.name)
+            hit = self._keys[key] = (structural_hash(g), tuple(syms))
+        return hit
+
+    def impl_key(self, kernel) -> str:
+        """The store implementation key of `kernel` (name[variant]@backend#hash)."""
+        key = self._impl.get(kernel)
+        if key is None:
+            from ..store.schema import implementation_key
+
+            key = self._impl[kernel] = implementation_key(
+                "KERNEL", kernel_name(kernel), kernel.backend, kernel.source_hash)
+        return key
+
+    # -- measured --------------------------------------------------------------------------
+    def _best(self, ghash, wkey, ikey):
+        """Best PASSED trace of this implementation on this workload, else None."""
+        recs = self.store.traces(graph_hash=ghash, workload=wkey, env_id=self.env_id,
+                                 impl=ikey)
+        ok = [r for r in recs if r["status"] == "PASSED" and r["median_s"] is not None]
+        return min(ok, key=lambda r: r["median_s"]) if ok else None
+
+    def _lookup(self, eqn, kernel, dims):
+        """(trace, workload record or None if exact, scale) or None."""
+        if self.store is None or self.env_id is None:
+            return None
+        if not self.store.workloads_for(self._graph_key(eqn)[0], self.env_id):
+            return None  # never measured here: no workload key to compute
+        ghash, wkey = self.keys(eqn, dims)
+        ikey = self.impl_key(kernel)
+        memo = (ghash, wkey, ikey)
+        if memo in self._measured:
+            return self._measured[memo]
+        found = None
+        rec = self._best(ghash, wkey, ikey)
+        if rec is not None:
+            found = (rec, None, 1.0)
+        else:
+            env = _binding(dims)
+            here = sum(_nbytes(a.aval, env) for a in eqn.invars if not isinstance(a, Literal))
+            n_here = max(1, sum(math.prod(_shape(a.aval, env)) for a in eqn.invars
+                                if not isinstance(a, Literal)))
+            best = None
+            for wl in self.store.workloads_for(ghash, self.env_id):
+                if wl["inputs"] is None or wl["key"] == wkey:
+                    continue
+                r = self._best(ghash, wl["key"], ikey)
+                if r is None:
+                    continue
+                n = max(1, sum(math.prod(s) for s, _ in wl["inputs"]))
+                dist = abs(math.log(n) - math.log(n_here))
+                if best is None or dist < best[0]:
+                    there = sum(math.prod(s) * np.dtype(d).itemsize for s, d in wl["inputs"])
+                    best = (dist, r, wl, here / max(1, there))
+            if best is not None:
+                found = best[1:]
+        self._measured[memo] = found
+        return found
+
+    def kernel(self, eqn, kernel, dims: dict) -> Estimate:
+        """Time of `eqn` run by `kernel` at the binding `dims`."""
+        hit = self._lookup(eqn, kernel, dims)
+        ovh = self.backend_costs.get(kernel.backend, BACKEND_COSTS["numpy"])[0]
+        if hit is not None:
+            rec, wl, scale = hit
+            if wl is None:
+                return Estimate(rec["median_s"], "measured", f"workload {rec['workload']}")
+            t = ovh + max(rec["median_s"] - ovh, 0.0) * scale
+            shapes = " ".join("x".join(map(str, s)) for s, _ in wl["inputs"])
+            return Estimate(t, "measured", f"nearest binding {wl['key']} (inputs {shapes}), "
+                                           f"scaled x{scale:.3g}")
+        return self.roofline(eqn, kernel.backend, dims)
+
+    def roofline(self, eqn, backend, dims) -> Estimate:
+        env = _binding(dims)
+        ovh, bw, peak = self.backend_costs.get(backend, BACKEND_COSTS["numpy"])
+        nbytes = sum(_nbytes(a.aval, env) for a in (*eqn.invars, *eqn.outvars)
+                     if not isinstance(a, Literal))
+        if eqn.primitive.name in ("reshape", "squeeze", "expand_dims", "transpose"):
+            nbytes = 0  # views
+        t = ovh + nbytes / bw + _flops(eqn, env) / peak
+        return Estimate(t, "cost model", "overhead + bytes/bandwidth + flops/peak")
+
+    def transfer(self, aval, src: str, dst: str, dims: dict) -> Estimate:
+        """Time of a `copy_to` of a value of `aval` from backend `src` to `dst`."""
+        if src == dst:
+            return Estimate(0.0, "cost model", "same backend")
+        ovh, bw = TRANSFER_COSTS.get((src, dst), (1e-5, 5e9))
+        t = ovh + (0.0 if bw is None else _nbytes(aval, _binding(dims)) / bw)
+        return Estimate(t, "cost model", f"{src}→{dst} transfer")
+
+    def switch(self, src: str, dst: str) -> float:
+        """Extra time when an equation on `dst` runs right after one on `src` (thread-pool
+        contention, not a copy): `SWITCH_PENALTY`, or the calibrated figure."""
+        return 0.0 if src == dst else self.switch_penalty.get((src, dst), 0.0)
+
+    def excluded(self, eqn, kernel, dims) -> str | None:
+        """Why `tolerance` rules `kernel` out for `eqn` (measured error too large), else None."""
+        if self.tolerance is None or self.store is None or self.env_id is None:
+            return None
+        ghash, wkey = self.keys(eqn, dims)
+        recs = self.store.traces(graph_hash=ghash, workload=wkey, env_id=self.env_id,
+                                 impl=self.impl_key(kernel))
+        if not recs:
+            return None
+        if all(r["status"] != "PASSED" for r in recs):
+            return f"{kernel!r} has no PASSED trace ({recs[-1]['status']})"
+        errs = [r["max_rel_err"] for r in recs if r["status"] == "PASSED"]
+        err = min((e for e in errs if e is not None), default=None)
+        if err is not None and err > self.tolerance:
+            return (f"{kernel!r}: measured max relative error {err:.3g} exceeds tolerance "
+                    f"{self.tolerance:g}")
+        return None
+
+    # -- calibration -----------------------------------------------------------------------
+    def _load_calibration(self) -> None:
+        env = self.env_id
+        for rec in self.store.traces(graph_hash=CALIBRATION_GRAPH, env_id=env,
+                                     status="PASSED"):
+            kind, _, what = rec["impl"].partition("@")
+            if kind == "overhead" and what in self.backend_costs:
+                _, bw, peak = self.backend_costs[what]
+                self.backend_costs[what] = (rec["median_s"], bw, peak)
+            elif kind == "switch":
+                src, _, dst = what.partition("->")
+                self.switch_penalty[(src, dst)] = rec["median_s"]
+
+
+def kernel_name(kernel) -> str:
+    return kernel.name + ("" if kernel.variant == "default" else f"[{kernel.variant}]")
+
+
+def one_equation_graph(eqn):
+    """A graph holding only `eqn`, with fresh inputs for its non-literal operands."""
+    from ..tracing import GraphBuilder
+
+    with GraphBuilder() as b:
+        args, ins = [], []
+        for a in eqn.invars:
+            if isinstance(a, Literal):
+                ins.append(a)
+            else:
+                t = b.new_arg(a.aval)
+                args.append(t)
+                ins.append(t)
+        outs = eqn.primitive.bind(*ins, **eqn.params)
+        outs = list(outs) if eqn.primitive.multiple_results else [outs]
+        return b.build([t.variable for t in args], outs)
+
+
+def calibrate(store=None, backends=None, budget_s: float = 0.2) -> dict[str, float]:
+    """Measure with the profiler each backend's per-call overhead (a 1-element add) and each
+    pair's switch penalty (a 256x256 matmul on dst right after an add on src, minus both
+    alone, at least 0); record them in `store` (graph ``tgx-calibration``, implementations
+    ``overhead@<backend>`` and ``switch@<src>-><dst>``) and return {name: seconds}.
+    A `CostModel` on that store uses them."""
+    from ..lowerings import available_backends
+    from ..lowerings.registry import kernels_for
+    from ..lowerings.transfers import CONVERTERS
+    from ..profiling import measure, sync_for
+    from ..runtime import kernel_callable
+
+    backends = list(backends or available_backends())
+    out: dict[str, float] = {}
+    add, mm = {}, {}
+    for b in backends:
+        conv, sync = CONVERTERS[b], sync_for(b)
+        k = next(k for k in kernels_for("add", b) if not k.writes_out)
+        fn, one = kernel_callable(k, {}), conv(np.ones(1, np.float32))
+        out[f"overhead@{b}"] = measure(fn, (one, one), sync=sync, budget_s=budget_s).median_s
+        a = conv(np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32))
+        dk = next(k for k in kernels_for("dot_general", b) if not k.writes_out)
+        dot = kernel_callable(dk, {"dimension_numbers": (((1,), (0,)), ((), ()))})
+        add[b] = (lambda fn=fn, a=a, s=sync: s(fn(a, a)) if s else fn(a, a))
+        mm[b] = (lambda dot=dot, a=a, s=sync: s(dot(a, a)) if s else dot(a, a))
+    for src in backends:
+        for dst in backends:
+            if src != dst:
+                both = measure(lambda s=src, d=dst: (add[s](), mm[d]()), budget_s=budget_s)
+                alone = (measure(add[src], budget_s=budget_s).median_s
+                         + measure(mm[dst], budget_s=budget_s).median_s)
+                out[f"switch@{src}->{dst}"] = max(0.0, both.median_s - alone)
+    if store is not None:
+        from ..profiling.runner import _env_id
+
+        env = _env_id(store)
+        wkey = store.add_workload(CALIBRATION_GRAPH, {}, [((1,), "float32")])
+        store.add_traces([{"impl": name, "median_s": t, "graph_hash": CALIBRATION_GRAPH,
+                           "workload": wkey, "env_id": env, "status": "PASSED"}
+                          for name, t in out.items()])
+    return out

@@ -1,0 +1,970 @@
+"""`tgx.paths`: every valid plan of a traced graph, lazily — count, enumerate, rank, run.
+
+A *path* picks, for every equation of the graph: a kernel on one of the allowed backends (every
+accepted variant), or the primitive's decomposition (whose sub-graph then gets its own
+choices, recursively), or — for a set of equations matching a pattern kernel's `pattern`
+(`tgx.lowerings.patterns`, found with `tgx.find_pattern` in the graph and in every
+decomposition) — that one pattern kernel. Running a kernel on another backend than the one
+holding its inputs is a detour through `copy_to`: transfers are implied by the backends, as
+`tgx.rebackend` inserts them (a value is copied to a backend once and reused there; outputs
+return to NumPy). Pointless round trips never arise: `copy_to` equations already in the graph
+carry no choice, and a value is never copied back to where it already is.
+
+- `paths.count()`: exact, from the choice structure (sum over options, product over
+  equations, sum over compatible sets of pattern occurrences) — no enumeration.
+- `iter(paths)`: `PathPlan`s, lazily, depth first.
+- `paths.ranked()`: best predicted first, by A* over the decisions in topological order;
+  the heuristic (Σ of each remaining equation's cheapest choice, transfers left out) never
+  overestimates, so plans come out in non-decreasing predicted cost without enumerating.
+- filters: `backends=`, `max_transfers=`, `decompose=False` (decompose only equations no kernel
+  accepts), `patterns=False`, `kernels_only=` (kernel names/reprs, or a predicate on `Kernel`).
+
+Each `PathPlan` carries its predicted cost with, per step, where the figure came from
+("measured" in the store, "cost model", or "unknown"); `summary()`, `run(*args)`,
+`profile(*args, store=)`, `save(store)`.
+
+>>> import tgx, tgx.numpy as tnp
+>>> ps = tgx.paths(lambda x: tnp.exp(x) * 2.0)(tgx.Spec((8,)), backends=["numpy"])
+>>> ps.count(), len(list(ps))
+(4, 4)
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..core import Eqn, Graph, Literal, Params, Var
+from ..errors import TgxError
+from ..lowerings import load_backend
+from ..lowerings.registry import Kernel, all_kernels
+from ..shapes import free_symbols
+from .candidates import accepted_kernels
+
+HOST = "numpy"
+HINT = 64            # value of a symbolic dim when costing, unless `dims=` says otherwise
+MAX_SUBSETS = 4096   # compatible sets of pattern occurrences explored per graph
+
+
+# ---------------------------------------------------------------------------------------------
+# cost model (the real one lives in tgx.planning.cost_model)
+
+
+@dataclass(frozen=True)
+class _Estimate:
+    seconds: float
+    source: str
+    detail: str = ""
+
+
+class _UnitCosts:
+    """Every kernel and transfer costs 1 µs, source "unknown" (when no cost model loads)."""
+
+    def kernel(self, eqn, kernel, dims) -> _Estimate:
+        return _Estimate(1e-6, "unknown")
+
+    def transfer(self, aval, src, dst, dims) -> _Estimate:
+        return _Estimate(1e-6, "unknown")
+
+
+def _cost_model(store, cost_model):
+    if cost_model is not None:
+        return cost_model
+    try:
+        from .cost_model import CostModel
+    except ImportError:
+        return _UnitCosts()
+    return CostModel(store=store)
+
+
+# ---------------------------------------------------------------------------------------------
+# the choice structure
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to run a unit: `kind` "kernel", "pattern" (a pattern kernel) or "decomposition"."""
+
+    kind: str
+    backend: str | None = None
+    kernel: Kernel | None = None
+
+    def token(self) -> dict:
+        if self.kind == "decomposition":
+            return {"d": "decomposition"}
+        k = self.kernel
+        return {"d": self.kind, "name": k.name, "backend": k.backend, "variant": k.variant,
+                "source_hash": k.source_hash}
+
+    def __str__(self) -> str:
+        return "decomposition" if self.kind == "decomposition" else f"{self.kind} {self.kernel!r}"
+
+
+class Unit:
+    """A decision point of one graph: an equation, or an occurrence of a pattern (then `eqn`
+    is a `fused` equation over the matched equations, `covers` their indices)."""
+
+    __slots__ = ("eqn", "ins", "outs", "options", "sub", "covers", "index", "lb", "label")
+
+    def __init__(self, eqn: Eqn, options: list, sub=None, covers=(), index=0, label=""):
+        self.eqn = eqn
+        self.ins = eqn.invars
+        self.outs = eqn.outvars
+        self.options = options
+        self.sub = sub          # the decomposition's Level (when it is an option)
+        self.covers = tuple(covers)
+        self.index = index      # position in the level (the root equation for a pattern)
+        self.lb = 0.0
+        self.label = label or eqn.primitive.name
+
+
+class Level:
+    """The choices of one graph: a unit per equation (None for `copy_to`: no choice) and the
+    pattern occurrences, with every compatible set of occurrences."""
+
+    def __init__(self, graph: Graph, paths: Paths, depth: int):
+        self.graph = graph
+        self.depth = depth
+        self.consts = {v.id: c for v, c in zip(graph.constvars, graph.consts)}
+        self.eqn_units: list[Unit | None] = [paths._eqn_unit(e, i, depth)
+                                             for i, e in enumerate(graph.eqns)]
+        self.matches: list[Unit] = paths._pattern_units(graph) if paths.patterns else []
+        self.subsets = _compatible_subsets([set(m.covers) for m in self.matches])
+        self._units: dict = {}
+        self._count: int | None = None
+        self.lb = 0.0
+
+    def units(self, subset: tuple) -> tuple:
+        hit = self._units.get(subset)
+        if hit is None:
+            chosen = [self.matches[i] for i in subset]
+            covered = {j for m in chosen for j in m.covers}
+            roots = {m.index: m for m in chosen}
+            out = []
+            for i, u in enumerate(self.eqn_units):
+                if i in roots:
+                    out.append(roots[i])
+                elif i not in covered:
+                    out.append(u if u is not None else ("alias", self.graph.eqns[i]))
+            suffix = [0.0] * (len(out) + 1)
+            outs = frozenset(v.id for v in self.graph.outvars if isinstance(v, Var))
+            reads = [outs] * (len(out) + 1)
+            for k in range(len(out) - 1, -1, -1):
+                u = out[k]
+                suffix[k] = suffix[k + 1] + (u.lb if isinstance(u, Unit) else 0.0)
+                ins = u.ins if isinstance(u, Unit) else u[1].invars
+                reads[k] = reads[k + 1] | {a.id for a in ins if isinstance(a, Var)}
+            hit = self._units[subset] = (tuple(out), tuple(suffix), tuple(reads))
+        return hit
+
+    @property
+    def all_reads(self) -> frozenset:
+        """Every value the graph reads (its equations' inputs and its outputs)."""
+        return self.units(())[2][0]
+
+    def count(self) -> int:
+        if self._count is None:
+            total = 0
+            for s in self.subsets:
+                n = 1
+                for u in self.units(s)[0]:
+                    if isinstance(u, Unit):
+                        n *= _unit_count(u)
+                        if n == 0:
+                            break
+                total += n
+            self._count = total
+        return self._count
+
+
+def _unit_count(u: Unit) -> int:
+    return sum(o_count(u, o) for o in u.options)
+
+
+def o_count(u: Unit, o: Option) -> int:
+    return u.sub.count() if o.kind == "decomposition" else 1
+
+
+def _compatible_subsets(covers: list[set]) -> list[tuple]:
+    out: list[tuple] = []
+
+    def rec(i, chosen, taken):
+        if len(out) >= MAX_SUBSETS:
+            return
+        if i == len(covers):
+            out.append(tuple(chosen))
+            return
+        rec(i + 1, chosen, taken)
+        if taken.isdisjoint(covers[i]):
+            rec(i + 1, chosen + [i], taken | covers[i])
+
+    rec(0, [], set())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the decision process: a state is a stack of frames (one per graph being walked)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One kernel of a plan: the unit, the option taken, its estimate, the transfers it
+    implies (aval, src, dst, estimate) and its depth in the decomposition tree."""
+
+    unit: Unit
+    option: Option
+    estimate: Any
+    transfers: tuple
+    depth: int
+
+
+@dataclass
+class _Frame:
+    level: Level
+    units: tuple | None       # None until the set of pattern occurrences is chosen
+    suffix: tuple | None
+    pos: int
+    parent: Unit | None       # the decomposed unit of the frame below
+    reads: tuple | None = None  # reads[pos]: the values read from unit `pos` on
+
+    def key(self) -> tuple:
+        return (id(self.level), None if self.units is None else id(self.units), self.pos,
+                id(self.parent))
+
+    def live(self) -> frozenset:
+        return self.level.all_reads if self.units is None else self.reads[self.pos]
+
+
+@dataclass
+class _State:
+    frames: tuple
+    alias: dict               # var id -> var id | Literal (decomposition boundaries)
+    loc: dict                 # value id -> backends holding it (producer first)
+    cost: float = 0.0
+    ntransfers: int = 0
+    history: Any = None       # linked list of events (event, previous)
+    final: tuple = ()         # transfers of the outputs back to NumPy
+    done: bool = False
+
+    def copy(self) -> _State:
+        return _State(self.frames, dict(self.alias), dict(self.loc), self.cost, self.ntransfers,
+                      self.history, self.final, self.done)
+
+    def h(self) -> float:
+        total = 0.0
+        for f in self.frames:
+            total += f.level.lb if f.units is None else f.suffix[f.pos]
+        return total
+
+    def events(self) -> list:
+        out, node = [], self.history
+        while node is not None:
+            out.append(node[0])
+            node = node[1]
+        return out[::-1]
+
+
+class Paths:
+    """Every valid plan of `graph` (see the module docstring). Build with `tgx.paths(fn)(...)`
+    or `Paths(graph, ...)`."""
+
+    def __init__(self, graph: Graph, *, backends: Sequence[str] | None = None, store=None,
+                 dims: dict | None = None, max_transfers: int | None = None,
+                 decompose: bool = True, patterns: bool = True,
+                 kernels_only: Iterable[str] | Callable[[Kernel], bool] | None = None,
+                 cost_model=None, name: str | None = None):
+        from . import policies
+
+        self.graph = graph
+        self.name = name or "graph"
+        self.backends = policies.check_backends(backends)
+        self.store = store
+        syms = set().union(*[free_symbols(v.aval.shape) for v in graph.invars]) \
+            if graph.invars else set()
+        self.dims = {s.name: HINT for s in syms}
+        self.dims.update({str(k): int(v) for k, v in (dims or {}).items()})
+        self.max_transfers = max_transfers
+        self.decompose = decompose
+        self.patterns = patterns
+        if kernels_only is None or callable(kernels_only):
+            self._keep = kernels_only
+        else:
+            names = set(kernels_only)
+            self._keep = lambda k: k.name in names or repr(k) in names
+        self.cost = _cost_model(store, cost_model)
+        self._estimates: dict = {}
+        self._pattern_kernels = self._load_pattern_kernels() if patterns else []
+        self.root = Level(graph, self, 0)
+        _lower_bounds(self.root, self)
+
+    # -- building ---------------------------------------------------------------------------
+    def _load_pattern_kernels(self) -> list[Kernel]:
+        from ..lowerings import patterns as _patterns  # noqa: F401 - registers them
+
+        for b in self.backends:
+            load_backend(b)
+        return [k for k in all_kernels() if k.pattern is not None and k.backend in self.backends
+                and (self._keep is None or self._keep(k))]
+
+    def _eqn_unit(self, eqn: Eqn, index: int, depth: int) -> Unit | None:
+        if eqn.primitive.name == "copy_to":
+            return None
+        opts = []
+        for b in self.backends:
+            for k in accepted_kernels(eqn, b):
+                if self._keep is None or self._keep(k):
+                    opts.append(Option("kernel", b, k))
+        sub = None
+        if eqn.primitive.decomposition is not None and (self.decompose or not opts):
+            from ..interpreters.decompose import decomposition_graph
+
+            sub = Level(decomposition_graph(eqn), self, depth + 1)
+            opts.append(Option("decomposition"))
+        return Unit(eqn, opts, sub, (index,), index)
+
+    def _pattern_units(self, graph: Graph) -> list[Unit]:
+        from ..graph.pattern import find_pattern
+
+        by_pattern: dict[int, list[Kernel]] = {}
+        for k in self._pattern_kernels:
+            by_pattern.setdefault(id(k.pattern), []).append(k)
+        units = []
+        for ks in by_pattern.values():
+            for m in find_pattern(graph, ks[0].pattern):
+                eqn = _fused_eqn(graph, m, ks[0].name)
+                avals = [x.aval for x in m.inputs]
+                opts = [Option("pattern", k.backend, k) for k in ks if k.check(avals, {}) is None]
+                if opts:
+                    units.append(Unit(eqn, opts, None, m.eqns, m.root,
+                                      f"{ks[0].name}[{len(m.eqns)} eqns]"))
+        return units
+
+    # -- estimates --------------------------------------------------------------------------
+    def estimate(self, unit: Unit, option: Option):
+        key = (id(unit), option)
+        e = self._estimates.get(key)
+        if e is None:
+            e = self._estimates[key] = self.cost.kernel(unit.eqn, option.kernel, self.dims)
+        return e
+
+    def transfer_estimate(self, aval, src: str, dst: str):
+        key = ("t", aval, src, dst)
+        e = self._estimates.get(key)
+        if e is None:
+            e = self._estimates[key] = self.cost.transfer(aval, src, dst, self.dims)
+        return e
+
+    # -- the decision process ---------------------------------------------------------------
+    def _start(self) -> _State:
+        loc = {v.id: (HOST,) for v in (*self.graph.invars, *self.graph.constvars)}
+        st = _State((_Frame(self.root, None, None, 0, None),), {}, loc)
+        return self._advance(st)
+
+    def _key(self, st: _State, a):
+        if isinstance(a, Literal):
+            return a
+        k = a.id
+        while k in st.alias:
+            k = st.alias[k]
+            if isinstance(k, Literal):
+                return k
+        return k
+
+    def _advance(self, st: _State) -> _State:
+        """Run the steps that need no decision: `copy_to` aliases, finished graphs."""
+        while st.frames:
+            f = st.frames[-1]
+            if f.units is None:
+                if len(f.level.subsets) == 1:
+                    self._set_units(st, ())
+                    continue
+                return st
+            if f.pos < len(f.units):
+                u = f.units[f.pos]
+                if isinstance(u, Unit):
+                    return st
+                eqn = u[1]  # copy_to: the output is the input
+                st.alias[eqn.outvars[0].id] = self._key(st, eqn.invars[0])
+                st.history = (("alias", eqn), st.history)
+                st.frames = st.frames[:-1] + (_Frame(f.level, f.units, f.suffix, f.pos + 1,
+                                                     f.parent, f.reads),)
+                continue
+            st.frames = st.frames[:-1]
+            if f.parent is not None:
+                for pv, sv in zip(f.parent.outs, f.level.graph.outvars):
+                    st.alias[pv.id] = self._key(st, sv)
+                st.history = (("pop", f.parent, f.level), st.history)
+        # every output back on the host
+        final, seen = [], set()
+        for v in self.graph.outvars:
+            k = self._key(st, v)
+            if isinstance(k, Literal) or k in seen:
+                continue
+            seen.add(k)
+            locs = st.loc.get(k, (HOST,))
+            if HOST not in locs:
+                est = self.transfer_estimate(_aval_of_key(v), locs[0], HOST)
+                final.append((v.aval, locs[0], HOST, est))
+                st.cost += est.seconds
+                st.ntransfers += 1
+        st.final = tuple(final)
+        st.done = True
+        return st
+
+    def _set_units(self, st: _State, subset: tuple) -> None:
+        f = st.frames[-1]
+        units, suffix, reads = f.level.units(subset)
+        st.frames = st.frames[:-1] + (_Frame(f.level, units, suffix, 0, f.parent, reads),)
+        if subset:
+            st.history = (("patterns", f.level, subset), st.history)
+
+    def _choices(self, st: _State) -> list:
+        f = st.frames[-1]
+        if f.units is None:
+            return [("subset", s) for s in f.level.subsets]
+        return [("option", o) for o in f.units[f.pos].options]
+
+    def _apply(self, st: _State, choice) -> _State | None:
+        st = st.copy()
+        what, c = choice
+        f = st.frames[-1]
+        if what == "subset":
+            self._set_units(st, c)
+            st.history = (("token", {"d": "patterns", "m": list(c)}), st.history)
+            return self._advance(st)
+        u: Unit = f.units[f.pos]
+        st.frames = st.frames[:-1] + (_Frame(f.level, f.units, f.suffix, f.pos + 1, f.parent,
+                                             f.reads),)
+        st.history = (("token", c.token()), st.history)
+        if c.kind == "decomposition":
+            sub = u.sub
+            for sv, a in zip(sub.graph.invars, u.ins):
+                st.alias[sv.id] = self._key(st, a)
+            for cv in sub.graph.constvars:
+                st.loc[cv.id] = (HOST,)
+            st.frames = st.frames + (_Frame(sub, None, None, 0, u),)
+            st.history = (("push", u, sub), st.history)
+            return self._advance(st)
+        b = c.backend
+        transfers = []
+        for a in u.ins:
+            k = self._key(st, a)
+            if isinstance(k, Literal):
+                continue
+            locs = st.loc.get(k, (HOST,))
+            if b not in locs:
+                est = self.transfer_estimate(a.aval, locs[0], b)
+                transfers.append((a.aval, locs[0], b, est))
+                st.cost += est.seconds
+                st.ntransfers += 1
+                st.loc[k] = locs + (b,)
+        if self.max_transfers is not None and st.ntransfers > self.max_transfers:
+            return None
+        est = self.estimate(u, c)
+        st.cost += est.seconds
+        for v in u.outs:
+            st.loc[v.id] = (b,)
+        st.history = (("step", Step(u, c, est, tuple(transfers), len(st.frames) - 1)),
+                      st.history)
+        st = self._advance(st)
+        if self.max_transfers is not None and st.ntransfers > self.max_transfers:
+            return None
+        return st
+
+    # -- public -----------------------------------------------------------------------------
+    def count(self) -> int:
+        """The exact number of plans. Without `max_transfers` it comes from the choice
+        structure alone; with it, plans are walked (pruned as soon as the limit is passed)."""
+        if self.max_transfers is None:
+            return self.root.count()
+        return sum(1 for _ in self._walk())
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def _walk(self) -> Iterator[_State]:
+        stack = [self._start()]
+        while stack:
+            st = stack.pop()
+            if st.done:
+                yield st
+                continue
+            children = [self._apply(st, c) for c in self._choices(st)]
+            stack.extend(c for c in reversed(children) if c is not None)
+
+    def __iter__(self) -> Iterator[PathPlan]:
+        for st in self._walk():
+            yield PathPlan(self, st)
+
+    def _signature(self, st: _State) -> tuple:
+        """What the rest of the search depends on: where the walk is, and where every value
+        still to be read lives (by the value it resolves to)."""
+        parts: list = [f.key() for f in st.frames]
+        if self.max_transfers is not None:
+            parts.append(st.ntransfers)
+        for f in st.frames:
+            for vid in sorted(f.live()):
+                k = vid
+                while k in st.alias:
+                    k = st.alias[k]
+                    if isinstance(k, Literal):
+                        break
+                parts.append((vid, "lit") if isinstance(k, Literal) else (vid, k, st.loc.get(k)))
+        return tuple(parts)
+
+    def ranked(self) -> Iterator[PathPlan]:
+        """Plans best predicted first (A*; see the module docstring).
+
+        Partial plans with the same signature (same position, same locations of every value
+        still needed) have the same completions, so each signature is expanded at most
+        (plans yielded so far + 1) times — the k-shortest-paths rule — and later arrivals
+        wait ("parked") until another plan has been yielded. The heuristic is consistent, so
+        the order stays exact.
+        """
+        tie = itertools.count()
+        start = self._start()
+        heap = [(start.cost + start.h(), 0, next(tie), start)]
+        pops: dict = {}
+        parked: list = []
+        yielded = 0
+        while heap:
+            entry = heapq.heappop(heap)
+            st = entry[3]
+            if st.done:
+                yield PathPlan(self, st)
+                yielded += 1
+                for e in parked:
+                    heapq.heappush(heap, e)
+                parked.clear()
+                continue
+            sig = self._signature(st)
+            n = pops.get(sig, 0)
+            if n > yielded:
+                parked.append(entry)
+                continue
+            pops[sig] = n + 1
+            depth = _depth(st)
+            for c in self._choices(st):
+                child = self._apply(st, c)
+                if child is not None:
+                    heapq.heappush(heap, (child.cost + child.h(), -depth - 1, next(tie), child))
+
+    def best(self) -> PathPlan:
+        """The plan with the lowest predicted cost."""
+        for p in self.ranked():
+            return p
+        raise TgxError("no valid plan: every path was filtered out")
+
+    def plan_from_tokens(self, tokens: list) -> PathPlan:
+        """Replay saved decisions (`PathPlan.tokens()`); raises `SerializationError` when a
+        kernel is missing or its source hash changed."""
+        from ..serialize import SerializationError
+
+        st = self._start()
+        for t in tokens:
+            if st.done:
+                raise SerializationError("saved plan has more decisions than this graph")
+            choices = self._choices(st)
+            chosen = None
+            for c in choices:
+                if c[0] == "subset" and t.get("d") == "patterns" and list(c[1]) == t["m"]:
+                    chosen = c
+                elif c[0] == "option":
+                    tok = c[1].token()
+                    same = all(tok.get(k) == t.get(k) for k in ("d", "name", "backend",
+                                                                "variant"))
+                    if same and tok.get("source_hash") != t.get("source_hash"):
+                        raise SerializationError(
+                            f"kernel {c[1].kernel!r} changed since the plan was saved (source "
+                            f"hash {t.get('source_hash', '')[:12]} saved, "
+                            f"{tok['source_hash'][:12]} now): re-plan")
+                    if same:
+                        chosen = c
+                if chosen is not None:
+                    break
+            if chosen is None:
+                have = ", ".join(str(c[1]) for c in choices)
+                raise SerializationError(f"saved plan chooses {_token_str(t)}, which is not "
+                                         f"available here (choices: {have})")
+            st = self._apply(st, chosen)
+            if st is None:
+                raise SerializationError("saved plan exceeds max_transfers")
+        if not st.done:
+            raise SerializationError("saved plan stops before every equation has a choice")
+        return PathPlan(self, st)
+
+    def measured(self, store=None) -> list[tuple[float, PathPlan]]:
+        """(median seconds, plan) of every plan of this graph profiled into `store` (PASSED
+        traces of GRAPH_RECIPE implementations), fastest first: ranking by measurement."""
+        from ..graph import structural_hash
+        from ..serialize import SerializationError, plan_from_bytes
+
+        store = _store(store if store is not None else self.store)
+        gh = structural_hash(self.graph)
+        best: dict[str, float] = {}
+        for t in store.traces(graph_hash=gh, status="PASSED"):
+            if t.get("median_s") is not None:
+                best[t["impl"]] = min(best.get(t["impl"], math.inf), t["median_s"])
+        out = []
+        for impl, s in best.items():
+            rec = store.get_implementation(impl)
+            if rec is None or rec["kind"] != "GRAPH_RECIPE" or not rec["payload"]:
+                continue
+            try:
+                plan = plan_from_bytes(rec["payload"], cost_model=self.cost)
+            except SerializationError:
+                continue
+            plan.measured_s = s
+            out.append((s, plan))
+        out.sort(key=lambda t: t[0])
+        return out
+
+    def __repr__(self) -> str:
+        return (f"<tgx.Paths of {self.name}: {len(self.graph.eqns)} equations, backends "
+                f"{', '.join(self.backends)}>")
+
+
+def _token_str(t: dict) -> str:
+    if t.get("d") in ("kernel", "pattern"):
+        v = "" if t.get("variant") == "default" else f"[{t.get('variant')}]"
+        return f"{t['d']} {t.get('name')}{v}@{t.get('backend')}"
+    return str(t.get("d"))
+
+
+def _depth(st: _State) -> int:
+    return sum(f.pos for f in st.frames) + 1000 * len(st.frames)
+
+
+def _aval_of_key(v):
+    return v.aval
+
+
+def _lower_bounds(level: Level, paths: Paths) -> float:
+    """Cheapest-choice lower bounds of every unit (bottom up); a level's bound shares each
+    pattern kernel's cost out over the equations it covers, so it never overestimates."""
+    per_eqn = []
+    for u in level.eqn_units:
+        if u is None:
+            per_eqn.append(0.0)
+            continue
+        best = math.inf
+        for o in u.options:
+            if o.kind == "decomposition":
+                best = min(best, _lower_bounds(u.sub, paths))
+            else:
+                best = min(best, paths.estimate(u, o).seconds)
+        u.lb = best
+        per_eqn.append(best)
+    for m in level.matches:
+        m.lb = min(paths.estimate(m, o).seconds for o in m.options)
+        share = m.lb / len(m.covers)
+        for i in m.covers:
+            per_eqn[i] = min(per_eqn[i], share)
+    level.lb = sum(per_eqn)
+    return level.lb
+
+
+def _fused_eqn(graph: Graph, match, name: str) -> Eqn:
+    """A `fused` equation standing for the matched equations (body: those equations)."""
+    from ..primitives.fused import fused_p
+    from ..tracing import GraphBuilder
+
+    consts = {v.id: c for v, c in zip(graph.constvars, graph.consts)}
+    with GraphBuilder() as b:
+        args, env = [], {}
+        for x in match.inputs:
+            t = b.new_arg(x.aval, getattr(x, "hint", None))
+            args.append(t)
+            if isinstance(x, Var):
+                env[x.id] = t
+
+        def read(a):
+            if isinstance(a, Literal):
+                return a
+            return env[a.id] if a.id in env else consts[a.id]
+
+        for i in match.eqns:
+            e = graph.eqns[i]
+            outs = e.primitive.bind(*[read(a) for a in e.invars], **e.params)
+            outs = outs if e.primitive.multiple_results else [outs]
+            for v, o in zip(e.outvars, outs):
+                env[v.id] = o
+        body = b.build([t.variable for t in args], [read(o) for o in match.outputs])
+    return Eqn(fused_p, tuple(match.inputs), tuple(match.outputs),
+               Params(graph=body, name=name), graph.eqns[match.root].source_info)
+
+
+# ---------------------------------------------------------------------------------------------
+# one plan
+
+
+class PathPlan:
+    """One path: its steps (kernels with estimates and implied transfers) and predicted cost.
+
+    `summary()` prints a table; `run(*args)` lowers it through rebackend/lower and runs it;
+    `profile(*args, store=)` measures it into the store; `save(store)` stores it.
+    """
+
+    def __init__(self, paths: Paths, state: _State):
+        self.paths = paths
+        self._events = state.events()
+        self.steps: list[Step] = [e[1] for e in self._events if e[0] == "step"]
+        self.final_transfers = state.final
+        self.cost = state.cost
+        self.ntransfers = state.ntransfers
+        self.measured_s: float | None = None
+        self._plan = None
+
+    def tokens(self) -> list[dict]:
+        """The decisions, in order (what `plan_to_bytes` stores)."""
+        return [e[1] for e in self._events if e[0] == "token"]
+
+    @property
+    def sources(self) -> dict[str, int]:
+        """How many figures came from each source ("measured", "cost model", "unknown")."""
+        out: dict[str, int] = {}
+        for s in self.steps:
+            out[s.estimate.source] = out.get(s.estimate.source, 0) + 1
+            for *_, est in s.transfers:
+                out[est.source] = out.get(est.source, 0) + 1
+        for *_, est in self.final_transfers:
+            out[est.source] = out.get(est.source, 0) + 1
+        return out
+
+    def backends(self) -> list[str]:
+        return sorted({s.option.backend for s in self.steps})
+
+    def summary(self) -> str:
+        """A table: step, primitive, choice, backend, predicted time, source."""
+        rows = [("step", "primitive", "choice", "backend", "predicted", "source")]
+        n = 0
+        for s in self.steps:
+            for aval, src, dst, est in s.transfers:
+                rows.append(("", "  copy_to", f"{aval.str_short()} {src}→{dst}", dst,
+                             _fmt_s(est.seconds), est.source))
+            rows.append((str(n), "  " * s.depth + s.unit.label, f"{s.option.kind} "
+                         f"{s.option.kernel!r}", s.option.backend, _fmt_s(s.estimate.seconds),
+                         s.estimate.source))
+            n += 1
+        for aval, src, dst, est in self.final_transfers:
+            rows.append(("", "copy_to", f"{aval.str_short()} {src}→{dst}", dst,
+                         _fmt_s(est.seconds), est.source))
+        widths = [max(len(r[i]) for r in rows) for i in range(6)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        head = (f"PathPlan: {len(self.steps)} kernels, {self.ntransfers} transfers, predicted "
+                f"{_fmt_s(self.cost)}"
+                + (f", measured {_fmt_s(self.measured_s)}" if self.measured_s else ""))
+        return "\n".join([head, *lines])
+
+    def __repr__(self) -> str:
+        return (f"<PathPlan {len(self.steps)} kernels on {', '.join(self.backends())}, "
+                f"{self.ntransfers} transfers, predicted {_fmt_s(self.cost)}>")
+
+    # -- lowering ---------------------------------------------------------------------------
+    def realize(self) -> tuple[Graph, list, list]:
+        """The plan's graph (decompositions expanded, patterns as `fused` equations) with the
+        backend and kernel of each equation."""
+        from ..primitives.fused import fused_p
+        from ..tracing import GraphBuilder
+
+        g = self.paths.graph
+        backends, kernels = [], []
+        with GraphBuilder() as b:
+            args = [b.new_arg(v.aval, v.hint) for v in g.invars]
+            env: dict[int, Any] = {v.id: t for v, t in zip(g.invars, args)}
+            env.update({v.id: c for v, c in zip(g.constvars, g.consts)})
+
+            def read(a):
+                return a if isinstance(a, Literal) else env[a.id]
+
+            for ev in self._events:
+                if ev[0] == "alias":
+                    env[ev[1].outvars[0].id] = read(ev[1].invars[0])
+                elif ev[0] == "push":
+                    u, sub = ev[1], ev[2]
+                    for sv, a in zip(sub.graph.invars, u.ins):
+                        env[sv.id] = read(a)
+                    env.update(sub.consts)
+                elif ev[0] == "pop":
+                    u, sub = ev[1], ev[2]
+                    for pv, sv in zip(u.outs, sub.graph.outvars):
+                        env[pv.id] = read(sv)
+                elif ev[0] == "step":
+                    s: Step = ev[1]
+                    u, e = s.unit, s.unit.eqn
+                    saved = b.source_override
+                    b.source_override = e.source_info or saved
+                    try:
+                        ins = [read(a) for a in u.ins]
+                        if s.option.kind == "pattern":
+                            outs = fused_p.bind(*ins, **e.params)
+                        else:
+                            outs = e.primitive.bind(*ins, **e.params)
+                    finally:
+                        b.source_override = saved
+                    outs = outs if e.primitive.multiple_results else [outs]
+                    for v, o in zip(u.outs, outs):
+                        env[v.id] = o
+                    backends.append(s.option.backend)
+                    kernels.append(_pattern_callable(s.option.kernel)
+                                   if s.option.kind == "pattern" else s.option.kernel)
+            outs = [read(v) for v in g.outvars]
+            rg = b.build([t.variable for t in args], outs, g.in_tree, g.out_tree)
+        return rg, backends, kernels
+
+    def lower(self):
+        """The `tgx.compiler.Plan` running this path (built once)."""
+        if self._plan is None:
+            from ..compiler import Plan
+            from ..interpreters.lower import lower
+            from ..interpreters.rebackend import rebackend
+
+            rg, backends, kernels = self.realize()
+            bg = rebackend(rg, backends, outputs=HOST)
+            it = iter(kernels)
+            ks = []
+            for e, be in zip(bg.eqns, bg.backends):
+                if e.primitive.name == "copy_to":
+                    ks.append(accepted_kernels(e, be)[0])
+                else:
+                    ks.append(next(it))
+            cg = lower(bg, ks)
+            self._plan = Plan(rg, bg, ks, cg, "paths")
+        return self._plan
+
+    def run(self, *args, **kwargs):
+        """Run the plan on arguments shaped like the traced function's."""
+        return self.lower().run(*args, **kwargs)
+
+    __call__ = run
+
+    def reference(self, *args, **kwargs):
+        """The reference evaluator's result on the same arguments (for checking)."""
+        from ..interpreters.evaluate import eval_graph
+
+        return eval_graph(self.paths.graph, *args, **kwargs)
+
+    # -- store ------------------------------------------------------------------------------
+    def save(self, store=None) -> str:
+        """Store the plan as a GRAPH_RECIPE implementation (and its graph); returns the key."""
+        import hashlib
+
+        from ..graph import structural_hash
+        from ..serialize import graph_to_bytes, plan_to_bytes
+
+        store = _store(store if store is not None else self.paths.store)
+        g = self.paths.graph
+        gh = store.add_graph(structural_hash(g), self.paths.name, graph_to_bytes(g))
+        payload = plan_to_bytes(self)
+        import msgpack
+
+        digest = hashlib.sha256(msgpack.packb([gh, self.tokens()])).hexdigest()
+        bs = self.backends()
+        return store.add_implementation("GRAPH_RECIPE", f"{self.paths.name}-path",
+                                        bs[0] if len(bs) == 1 else "+".join(bs), digest,
+                                        {"kernels": len(self.steps),
+                                         "transfers": self.ntransfers}, payload)
+
+    def profile(self, *args, store=None, **measure_kw) -> dict:
+        """Time the plan (checked against the reference evaluator) and record a trace for its
+        GRAPH_RECIPE implementation in `store` (default: `$TGX_STORE`); returns the record."""
+        from ..graph import structural_hash
+        from ..interpreters.evaluate import bind_dims
+        from ..profiling import input_descriptors, profile
+        from ..tracing import tree_flatten
+
+        store = _store(store if store is not None else self.paths.store)
+        plan = self.lower()
+        g = self.paths.graph
+        leaves, _ = tree_flatten((args, {}))
+        impl = self.save(store)
+        gh = structural_hash(g)
+        try:
+            env = bind_dims(g.in_avals, leaves)
+            axes = {str(k): int(v) for k, v in env.items()}
+        except Exception:
+            axes = {}
+        workload = store.add_workload(gh, axes, input_descriptors(leaves))
+        from ..interpreters.evaluate import eval_graph_flat
+
+        golden = eval_graph_flat(g, leaves)
+        golden = golden[0] if len(golden) == 1 else golden
+
+        def run(*xs):
+            outs = plan.compiled.run_flat(list(xs))
+            return outs[0] if len(outs) == 1 else outs
+
+        measure_kw.setdefault("budget_s", 0.05)
+        rec = profile(run, leaves, golden=golden, store=store, graph_hash=gh, impl=impl,
+                      workload=workload, **measure_kw)
+        if rec.get("median_s") is not None and rec.get("status") == "PASSED":
+            self.measured_s = rec["median_s"]
+        return rec
+
+
+def _pattern_callable(kernel: Kernel) -> Kernel:
+    """The pattern kernel as the `fused` equation's kernel (the body's params are dropped)."""
+    import dataclasses
+
+    fn = kernel.fn
+
+    def run(*xs, graph=None, name=None):
+        return fn(*xs)
+
+    return dataclasses.replace(kernel, fn=run, specialize=None)
+
+
+def _store(store):
+    if store is None or isinstance(store, str):
+        from ..store import BenchmarkStore
+
+        return BenchmarkStore(store)
+    return store
+
+
+def _fmt_s(s: float | None) -> str:
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} µs"
+    if s < 1:
+        return f"{s * 1e3:.2f} ms"
+    return f"{s:.2f} s"
+
+
+def paths(fn, **options):
+    """`tgx.paths(fn)(*args_or_specs, backends=None, store=None, ...)`: the `Paths` of `fn`
+    traced on those arguments (arrays, pytrees of arrays, or `tgx.Spec`s).
+
+    Options (given to either call): `backends`, `store`, `dims` (values of symbolic dims for
+    costing, default 64), `max_transfers`, `decompose`, `patterns`, `kernels_only`,
+    `cost_model` (an object with `kernel(eqn, kernel, dims)` and `transfer(aval, src, dst,
+    dims)`).
+
+    >>> import tgx, tgx.numpy as tnp
+    >>> tgx.paths(lambda x: tnp.exp(x))(tgx.Spec((4,)), backends=["numpy"]).count()
+    2
+    """
+    if isinstance(fn, Graph):
+        return Paths(fn, **options)
+    inner = getattr(fn, "fn", fn)  # a tgx.compile'd function: trace the Python function
+    keys = ("backends", "store", "dims", "max_transfers", "decompose", "patterns",
+            "kernels_only", "cost_model", "name")
+
+    def trace(*args, **kwargs):
+        from ..tracing import make_graph
+
+        opts = dict(options)
+        opts.update({k: kwargs.pop(k) for k in keys if k in kwargs})
+        opts.setdefault("name", getattr(inner, "__name__", "graph"))
+        g = make_graph(inner)(*args, **kwargs)
+        return Paths(g, **opts)
+
+    return trace
+
+
+__all__ = ["Option", "PathPlan", "Paths", "Step", "paths"]

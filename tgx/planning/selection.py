@@ -1,0 +1,447 @@
+"""Selection: one backend and kernel per equation, minimizing Σ kernel times + Σ transfer times.
+
+Each equation's options are, per backend, its fastest accepted kernel there (tolerance
+permitting) and, for a composite, its decomposition on that backend (cost: the best selection
+of the decomposition graph with every sub-equation on that backend, recursively: a unit on one
+backend, so the switch penalties at its borders are right).
+A value produced on backend a and read on backends {b, c} costs one transfer per other
+backend (copies are shared, as `rebackend` does); graph inputs live on NumPy, outputs go back.
+
+0. Exact DP over the topological order whose state is the backend (and the copies made so
+   far) of every live value: exact on chains and on DAGs whose live frontier is small (at most
+   `MAX_STATES` states per step). Wider graphs fall back to 1-3.
+1. DP over the topological order: ``f[i][b]`` = cost of equation i on b plus, per input, the
+   cheapest way to have it on b (its producer's ``f`` plus the transfer). Exact on chains and
+   trees (no value read twice).
+2. Backtrack from the sinks: each producer takes the backend minimizing its ``f`` plus the
+   transfers to every consumer's backend.
+3. Local improvement, from that plan and from every one-backend plan: move single equations,
+   then producer/consumer pairs, to other backends while that lowers the exact total.
+
+>>> import tgx, tgx.numpy as tnp
+>>> g = tgx.make_graph(lambda x: tnp.exp(x) * 2.0)(tgx.Spec((64,)))
+>>> s = select(g, ["numpy"], CostModel(), {})
+>>> [c.backend for c in s.choices], s.total > 0
+(['numpy', 'numpy'], True)
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..core import Graph, Literal
+from ..errors import KernelError, TgxError
+from .candidates import accepted_kernels
+from .cost_model import CostModel, Estimate
+
+HOST = "numpy"
+# Above this many DP states per step (live values x backends x copies) the exact frontier DP
+# gives way to DP + local improvement.
+MAX_STATES = 300
+
+
+@dataclass
+class Choice:
+    """How one equation runs: `kernel` on `backend`, or (kernel None) its decomposition
+    (`sub`, a `Selection` of `sub.graph`) started from `backend`."""
+
+    backend: str
+    kernel: object
+    estimate: Estimate
+    sub: Selection | None = None
+
+    def __str__(self) -> str:
+        what = repr(self.kernel) if self.kernel is not None else f"decomposition@{self.backend}"
+        return f"{what}: {self.estimate.seconds * 1e6:.2f} µs ({self.estimate.source})"
+
+
+@dataclass
+class Selection:
+    """Per-equation choices of `graph`, the predicted total (kernels + transfers, seconds)
+    and the binding `dims` the figures are for."""
+
+    graph: Graph
+    choices: list[Choice]
+    total: float
+    transfer_s: float
+    dims: dict = field(default_factory=dict)
+
+    def sources(self) -> list[str]:
+        return [c.estimate.source for c in self.choices]
+
+    def __str__(self) -> str:
+        lines = [f"Selection: {self.total * 1e6:.2f} µs predicted "
+                 f"({self.transfer_s * 1e6:.2f} µs transfers)"]
+        for e, c in zip(self.graph.eqns, self.choices):
+            lines.append(f"  {e.primitive.name:<16} {c}")
+        return "\n".join(lines)
+
+
+def _eqn_key(eqn) -> tuple:
+    return (eqn.primitive.name, repr(sorted(eqn.params.items())),
+            tuple(str(a.aval) if not isinstance(a, Literal) else repr(a.val)
+                  for a in eqn.invars))
+
+
+def check_tolerance(graph: Graph, tolerance: float | None) -> None:
+    """A tolerance below a result dtype's unit roundoff cannot be met: an error."""
+    if tolerance is None:
+        return
+    seen = set()
+    for e in graph.eqns:
+        for v in e.outvars:
+            dt = v.aval.dtype
+            if dt in seen or not np.issubdtype(dt, np.floating) and dt.name != "bfloat16":
+                continue
+            seen.add(dt)
+            import ml_dtypes
+
+            eps = float(ml_dtypes.finfo(dt).eps) / 2
+            if tolerance < eps:
+                raise TgxError(f"tolerance {tolerance:g} cannot be met by {dt.name} results "
+                               f"(unit roundoff {eps:.3g}), first at {e}")
+
+
+class _Selector:
+    def __init__(self, backends, cm: CostModel, dims):
+        self.backends = list(backends)
+        self.cm = cm
+        self.dims = dims
+        self._decomp: dict = {}
+        self._options: dict = {}  # equation key -> options (independent of where inputs live)
+        self._subs: dict = {}     # equation key -> its decomposition graph
+        self._bounds: dict = {}   # equation key -> lower bound of its decomposition's time
+
+    # -- options per equation --------------------------------------------------------------
+    def options(self, eqn, depth: int = 0) -> dict[str, Choice]:
+        key = (_eqn_key(eqn), tuple(self.backends))
+        hit = self._options.get(key)
+        if hit is None:
+            hit = self._options[key] = self._compute_options(eqn, depth)
+        return hit
+
+    def _compute_options(self, eqn, depth: int) -> dict[str, Choice]:
+        out: dict[str, Choice] = {}
+        for b in self.backends:
+            best = None
+            for k in accepted_kernels(eqn, b):
+                if self.cm.excluded(eqn, k, self.dims) is not None:
+                    continue
+                est = self.cm.kernel(eqn, k, self.dims)
+                if best is None or est.seconds < best.estimate.seconds:
+                    best = Choice(b, k, est)
+            if eqn.primitive.decomposition is not None and depth < 8 and (
+                    best is None or self.decomposition_bound(eqn, depth) < best.estimate.seconds):
+                sub = self.decomposition(eqn, b, depth)
+                if sub is not None and (best is None or sub.total < best.estimate.seconds):
+                    src = "measured" if all(s == "measured" for s in sub.sources()) else \
+                        "cost model"
+                    best = Choice(b, None, Estimate(sub.total, src, "decomposition"), sub)
+            if best is not None:
+                out[b] = best
+        if not out:
+            raise KernelError(f"no kernel on {', '.join(self.backends)} runs {eqn} and "
+                              f"{eqn.primitive.name} has no usable decomposition"
+                              + (f"\n  at {eqn.source_info}" if eqn.source_info else ""))
+        return out
+
+    def _sub_graph(self, eqn):
+        from ..interpreters.decompose import decomposition_graph
+
+        key = _eqn_key(eqn)
+        if key not in self._subs:
+            self._subs[key] = decomposition_graph(eqn)
+        return self._subs[key]
+
+    def decomposition_bound(self, eqn, depth: int) -> float:
+        """A lower bound on the decomposition's time: each sub-equation at its cheapest, no
+        transfers. When a kernel already beats it, the decomposition is not solved."""
+        key = _eqn_key(eqn)
+        if key not in self._bounds:
+            try:
+                self._bounds[key] = sum(
+                    min(c.estimate.seconds for c in self.options(e, depth + 1).values())
+                    for e in self._sub_graph(eqn).eqns)
+            except KernelError:
+                self._bounds[key] = float("inf")
+        return self._bounds[key]
+
+    def decomposition(self, eqn, home: str, depth: int) -> Selection | None:
+        key = (_eqn_key(eqn), home)
+        if key not in self._decomp:
+            sub = self._sub_graph(eqn)
+            saved, self.backends = self.backends, [home]  # the whole decomposition on `home`:
+            try:  # a unit on one backend, so switch penalties at its borders are right
+                self._decomp[key] = self.solve(sub, home, depth + 1)
+            except KernelError:
+                self._decomp[key] = None
+            finally:
+                self.backends = saved
+        return self._decomp[key]
+
+    # -- cost of an assignment -------------------------------------------------------------
+    def prepare(self, graph: Graph, home: str, depth: int, opts=None):
+        self.graph, self.home = graph, home
+        self.opts = opts if opts is not None else [self.options(e, depth) for e in graph.eqns]
+        self.producer = {v.id: i for i, e in enumerate(graph.eqns) for v in e.outvars}
+        self.consumers: dict[int, list[int]] = {}
+        for i, e in enumerate(graph.eqns):
+            for a in e.invars:
+                if not isinstance(a, Literal):
+                    self.consumers.setdefault(a.id, []).append(i)
+        self.outs = {v.id for v in graph.outvars if not isinstance(v, Literal)}
+        self.aval = {v.id: v.aval for v in (*graph.invars, *graph.constvars)}
+        for e in graph.eqns:
+            for v in e.outvars:
+                self.aval[v.id] = v.aval
+        self._t: dict = {}
+
+    def T(self, vid, src, dst, output: bool = False) -> float:
+        """Transfer time of value `vid` from backend `src` to `dst`."""
+        if src == dst:
+            return 0.0
+        key = (vid, src, dst)
+        t = self._t.get(key)
+        if t is None:
+            t = self._t[key] = self.cm.transfer(self.aval[vid], src, dst, self.dims).seconds
+        return t
+
+    def S(self, a, idxs) -> float:
+        """Switch penalties between consecutive equations k-1, k for k in `idxs` (the
+        schedule keeps the equation order). A compiled function runs in a loop, so the
+        last equation precedes the first (k = 0 wraps around)."""
+        n = len(a)
+        return sum(self.cm.switch(a[k - 1], a[k]) for k in dict.fromkeys(i % n for i in idxs)
+                   if n > 1)
+
+    def out_cost(self, vid, src, dsts) -> float:
+        """A graph output's copy to the host, unless a consumer there already made it."""
+        if vid in self.outs and self.home not in dsts:
+            return self.T(vid, src, self.home, output=True)
+        return 0.0
+
+    def value_cost(self, vid, a) -> float:
+        i = self.producer.get(vid)
+        src = self.home if i is None else a[i]
+        dsts = {a[j] for j in self.consumers.get(vid, ())}
+        return sum(self.T(vid, src, d) for d in dsts) + self.out_cost(vid, src, dsts)
+
+    def values(self):
+        return list(self.aval)
+
+    def total(self, a) -> tuple[float, float]:
+        k = sum(self.opts[i][b].estimate.seconds for i, b in enumerate(a))
+        t = sum(self.value_cost(v, a) for v in self.values()) + self.S(a, range(len(a)))
+        return k + t, t
+
+    # -- DP, backtrack, local improvement --------------------------------------------------
+    def dp(self) -> list[str]:
+        eqns = self.graph.eqns
+        f: list[dict[str, float]] = []
+        for i, e in enumerate(eqns):
+            row = {}
+            for b, ch in self.opts[i].items():
+                c = ch.estimate.seconds
+                for a in e.invars:
+                    if isinstance(a, Literal):
+                        continue
+                    j = self.producer.get(a.id)
+                    if j is None:
+                        c += self.T(a.id, self.home, b)
+                    else:
+                        c += min(f[j][p] + self.T(a.id, p, b) for p in f[j])
+                row[b] = c
+            f.append(row)
+        assign: list[str | None] = [None] * len(eqns)
+        for i in reversed(range(len(eqns))):
+            def score(b, i=i):
+                s = f[i][b]
+                for v in eqns[i].outvars:
+                    dsts = {assign[j] for j in self.consumers.get(v.id, ())}
+                    s += sum(self.T(v.id, b, d) for d in dsts) + self.out_cost(v.id, b, dsts)
+                return s
+            assign[i] = min(f[i], key=score)
+        return assign
+
+    def frontier_dp(self, max_states: int | None = None) -> list[str] | None:
+        """Exact DP over the topological order whose state is, per live value, its backend
+        and the backends it was already copied to (copies are shared). None when the number
+        of states exceeds `max_states` (wide graphs): then `dp` + `improve`."""
+        max_states = MAX_STATES if max_states is None else max_states
+        eqns = self.graph.eqns
+        last: dict[int, int] = {}
+        for i, e in enumerate(eqns):
+            for x in e.invars:
+                if not isinstance(x, Literal):
+                    last[x.id] = i
+        for vid in self.outs:
+            last[vid] = len(eqns)
+        start = tuple(sorted((v.id, self.home, frozenset())
+                             for v in (*self.graph.invars, *self.graph.constvars)
+                             if v.id in last))
+        # state: (backend of the first equation, of the previous one, live values)
+        states: dict[tuple, tuple[float, tuple]] = {(None, None, start): (0.0, ())}
+        for i, e in enumerate(eqns):
+            ins = list(dict.fromkeys(x.id for x in e.invars if not isinstance(x, Literal)))
+            nxt: dict[tuple, tuple[float, tuple]] = {}
+            for (first, prev, key), (cost, path) in states.items():
+                live = {vid: (h, c) for vid, h, c in key}
+                for b, ch in self.opts[i].items():
+                    c2 = cost + ch.estimate.seconds
+                    if prev is not None:
+                        c2 += self.cm.switch(prev, b)
+                    new = dict(live)
+                    for vid in ins:
+                        h, copied = new[vid]
+                        if b != h and b not in copied:
+                            c2 += self.T(vid, h, b)
+                            new[vid] = (h, copied | {b})
+                    for v in e.outvars:
+                        if v.id in last:
+                            new[v.id] = (b, frozenset())
+                    for vid in ins:
+                        if last[vid] == i:
+                            del new[vid]
+                    k2 = (b if first is None else first, b,
+                          tuple(sorted((vid, h, c) for vid, (h, c) in new.items())))
+                    old = nxt.get(k2)
+                    if old is None or c2 < old[0]:
+                        nxt[k2] = (c2, (*path, b))
+                        if len(nxt) > max_states:
+                            return None
+            states = nxt
+        best, best_path = float("inf"), None
+        for (first, prev, key), (cost, path) in states.items():
+            if len(eqns) > 1:
+                cost += self.cm.switch(prev, first)  # the next call's first equation
+            for vid, h, copied in key:
+                if vid in self.outs and h != self.home and self.home not in copied:
+                    cost += self.T(vid, h, self.home, output=True)
+            if cost < best:
+                best, best_path = cost, path
+        return list(best_path)
+
+    def improve(self, a: list[str], sweeps: int = 20) -> list[str]:
+        a = list(a)
+        for _ in range(sweeps):
+            changed = False
+            for i, e in enumerate(self.graph.eqns):
+                touched = [x.id for x in e.invars if not isinstance(x, Literal)] + \
+                    [v.id for v in e.outvars]
+
+                def local(b, i=i, touched=touched):
+                    a[i] = b
+                    return self.opts[i][b].estimate.seconds + sum(
+                        self.value_cost(v, a) for v in dict.fromkeys(touched)) + \
+                        self.S(a, (i, i + 1))
+                cur = a[i]
+                base = local(cur)
+                best_b, best_c = cur, base
+                for b in self.opts[i]:
+                    c = local(b)
+                    if c < best_c - 1e-15:
+                        best_b, best_c = b, c
+                a[i] = best_b
+                changed |= best_b != cur
+            changed |= self._pair_moves(a)
+            if not changed:
+                break
+        return a
+
+    def _pair_moves(self, a: list[str]) -> bool:
+        """Move a producer and one consumer together (escapes single-move local optima where
+        moving either alone would add a transfer)."""
+        changed = False
+        for i, e in enumerate(self.graph.eqns):
+            for v in e.outvars:
+                for j in dict.fromkeys(self.consumers.get(v.id, ())):
+                    touched = [x.id for k in (i, j) for x in self.graph.eqns[k].invars
+                               if not isinstance(x, Literal)] + \
+                        [o.id for k in (i, j) for o in self.graph.eqns[k].outvars]
+                    touched = list(dict.fromkeys(touched))
+
+                    def local(bi, bj, i=i, j=j, touched=touched):
+                        a[i], a[j] = bi, bj
+                        return (self.opts[i][bi].estimate.seconds
+                                + self.opts[j][bj].estimate.seconds
+                                + sum(self.value_cost(t, a) for t in touched)
+                                + self.S(a, (i, i + 1, j, j + 1)))
+                    cur = (a[i], a[j])
+                    best, best_c = cur, local(*cur)
+                    for bi in self.opts[i]:
+                        for bj in self.opts[j]:
+                            c = local(bi, bj)
+                            if c < best_c - 1e-15:
+                                best, best_c = (bi, bj), c
+                    a[i], a[j] = best
+                    changed |= best != cur
+        return changed
+
+    def solve(self, graph: Graph, home: str = HOST, depth: int = 0,
+              brute: bool = False) -> Selection:
+        saved = getattr(self, "graph", None), getattr(self, "home", None), \
+            getattr(self, "opts", None), getattr(self, "producer", None), \
+            getattr(self, "consumers", None), getattr(self, "outs", None), \
+            getattr(self, "aval", None), getattr(self, "_t", None)
+        self.prepare(graph, home, depth)
+        try:
+            if brute:
+                a = min(itertools.product(*[list(o) for o in self.opts]),
+                        key=lambda a: self.total(a)[0])
+            else:
+                a = self.frontier_dp()
+                if a is None:  # too wide: improve the DP's plan and every one-backend plan
+                    seeds = [self.dp()] + [[b] * len(self.opts) for b in self.backends
+                                           if all(b in o for o in self.opts)]
+                    a = min((self.improve(x) for x in seeds), key=lambda x: self.total(x)[0])
+            total, tr = self.total(a)
+            return Selection(graph, [self.opts[i][b] for i, b in enumerate(a)], total, tr,
+                             dict(self.dims))
+        finally:
+            (self.graph, self.home, self.opts, self.producer, self.consumers, self.outs,
+             self.aval, self._t) = saved
+
+
+def select(graph: Graph, backends, cost_model: CostModel, dims: dict) -> Selection:
+    """The cheapest choice per equation of `graph` on `backends` at binding `dims`."""
+    check_tolerance(graph, cost_model.tolerance)
+    return _Selector(backends, cost_model, dict(dims or {})).solve(graph)
+
+
+def select_brute_force(graph: Graph, backends, cost_model: CostModel, dims: dict) -> Selection:
+    """Like `select`, by trying every combination (for tests: small graphs only)."""
+    check_tolerance(graph, cost_model.tolerance)
+    return _Selector(backends, cost_model, dict(dims or {})).solve(graph, brute=True)
+
+
+def realize(selection: Selection) -> tuple[Graph, list[str], list, list[Estimate]]:
+    """The graph with chosen decompositions expanded, and per equation its backend, kernel
+    and estimate."""
+    from ..interpreters.rewrite import eval_into, rebind, transform_graph
+
+    table: dict[int, Choice] = {}
+
+    def fill(sel: Selection) -> None:
+        for e, c in zip(sel.graph.eqns, sel.choices):
+            table[id(e)] = c
+            if c.sub is not None:
+                fill(c.sub)
+
+    fill(selection)
+    emitted: list[Choice] = []
+
+    def rule(eqn, ins):
+        c = table[id(eqn)]
+        if c.sub is not None:
+            return eval_into(c.sub.graph, ins, rule)
+        emitted.append(c)
+        return rebind(eqn, ins)
+
+    g = transform_graph(selection.graph, rule)
+    if len(emitted) != len(g.eqns):
+        raise TgxError(f"realize: {len(g.eqns)} equations emitted for {len(emitted)} choices")
+    return (g, [c.backend for c in emitted], [c.kernel for c in emitted],
+            [c.estimate for c in emitted])
