@@ -17,7 +17,7 @@ test: $(STAMP)
 	$(PY) -m pytest -n 2 tests tgx
 
 demo: $(STAMP)
-	$(PY) examples/mlp.py
+	$(PY) examples/demo.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check tgx tests bench examples

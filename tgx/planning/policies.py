@@ -139,20 +139,40 @@ def _all_equations(graph: Graph, backends, dims):
             stack.extend(decomposition_graph(e).eqns)
 
 
-def explore(graph: Graph, backends, store, cost_model, dims, budget_s: float = 0.05) -> int:
-    """Profile every candidate kernel without a trace at `dims` (random inputs, the NumPy
-    reference as golden); returns how many were profiled."""
-    from ..profiling.pending import profile_kernel
-
-    n = 0
+def unmeasured(graph: Graph, backends, store, cost_model, dims) -> list[tuple]:
+    """(equation, kernel) for every candidate kernel of `graph` and its decompositions that
+    the store has no trace of at `dims` on this machine."""
+    todo = []
     for e in _all_equations(graph, backends, dims):
+        ghash, wkey = cost_model.keys(e, dims)
         for b in backends:
             for k in accepted_kernels(e, b):
-                ghash, wkey = cost_model.keys(e, dims)
-                if store.measured(ghash, cost_model.impl_key(k), wkey, cost_model.env_id):
-                    continue
-                profile_kernel(e, k, dims, store, cost_model, budget_s)
-                n += 1
+                if not store.measured(ghash, cost_model.impl_key(k), wkey, cost_model.env_id):
+                    todo.append((e, k))
+    return todo
+
+
+def explore(graph: Graph, backends, store, cost_model, dims, budget_s: float = 0.05, *,
+            time_limit_s: float | None = None, progress: bool | None = False) -> int:
+    """Profile every unmeasured candidate kernel at `dims` (random inputs, the NumPy reference
+    as golden), for at most `time_limit_s` in all, with a progress bar on stderr when
+    `progress`; returns how many were profiled. What the limit leaves out stays unmeasured
+    (the cost model prices it) and a later call continues where this one stopped."""
+    import time
+
+    from ..profiling.pending import profile_kernel
+    from ..profiling.progress import Progress
+
+    todo = unmeasured(graph, backends, store, cost_model, dims)
+    bar = Progress(len(todo), enabled=progress)
+    start, n = time.monotonic(), 0
+    for e, k in todo:
+        if time_limit_s is not None and time.monotonic() - start > time_limit_s:
+            break
+        profile_kernel(e, k, dims, store, cost_model, budget_s)  # errors become traces
+        n += 1
+        bar.update(f"{e.primitive.name} on {k.backend}")
+    bar.close()
     cost_model._measured.clear()
     return n
 

@@ -1,0 +1,206 @@
+"""The main job (`make demo`): a Gemma-3-shaped decoder traced with a symbolic sequence
+length, its path space explored, its unmeasured candidates profiled into the embedded
+benchmark store, compiled with the FASTEST policy, and run at two sequence lengths, with a
+report against NumPy-only, torch-only and jax-only plans, PyTorch eager and jax.jit.
+
+A second run finds the measurements in the store and skips profiling.
+
+Run: python examples/demo.py [--budget SECONDS] [--store PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import itertools
+import os
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import gemma3 as G  # noqa: E402
+
+import tgx  # noqa: E402
+from tgx.io import flatten_names, unflatten_names  # noqa: E402
+from tgx.planning.cost_model import CostModel  # noqa: E402
+from tgx.planning.policies import explore, unmeasured  # noqa: E402
+from tgx.store import environment_id, sniff_environment  # noqa: E402
+
+BACKENDS = ["numpy", "torch", "jax"]
+LENGTHS = (64, 16)   # prefill lengths: the first binds the plan, the second reuses it
+
+
+def section(title: str) -> None:
+    print(f"\n== {title}")
+
+
+def best_time(fn, repeats: int = 7) -> float:
+    fn()  # warm-up (jit compilation, allocator)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
+
+
+def decoder_block(cfg: G.Config):
+    """One decoder layer as its own function (for the path listing)."""
+    def block(layer, x):
+        cos, sin = tgx.nn.rope_cos_sin(x.shape[0], cfg.head_dim, cfg.rope_theta)
+        h = G.rms_norm(x, layer["input_layernorm"]["weight"], cfg.rms_norm_eps)
+        h = G.attention(layer["self_attn"], h, cos, sin, cfg)
+        x = x + G.rms_norm(h, layer["post_attention_layernorm"]["weight"], cfg.rms_norm_eps)
+        h = G.rms_norm(x, layer["pre_feedforward_layernorm"]["weight"], cfg.rms_norm_eps)
+        h = G.mlp(layer["mlp"], h)
+        return x + G.rms_norm(h, layer["post_feedforward_layernorm"]["weight"], cfg.rms_norm_eps)
+    return block
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--budget", type=float, default=90.0,
+                    help="seconds of profiling at most (default 90)")
+    ap.add_argument("--store", help="benchmark store (default: $TGX_STORE or the user cache)")
+    args = ap.parse_args(argv)
+    t_start = time.perf_counter()
+    store = tgx.BenchmarkStore(args.store)
+    env = sniff_environment()
+    print(f"tgx demo on {env.get('cpu_model', 'this CPU')} ({env.get('cpu_cores', '?')} cores), "
+          f"environment {environment_id(env)}")
+    print(f"benchmark store: {store.path} ({len(store.traces())} traces)")
+
+    section("Model")
+    cfg = G.Config()
+    with tempfile.TemporaryDirectory() as tmp:
+        params, cfg = G.load_or_create(None, None, tmp)
+        print(f"Gemma-3-shaped decoder: {cfg.num_hidden_layers} layers, d={cfg.hidden_size}, "
+              f"{cfg.num_attention_heads} query / {cfg.num_key_value_heads} key-value heads, "
+              f"vocab {cfg.vocab_size}; {sum(v.size for v in flatten_names(params).values()):,} "
+              f"random weights saved to and loaded from a .safetensors file")
+
+    def model(p, tokens):
+        return G.gemma3(p, tokens, cfg)
+
+    graph = tgx.make_graph(model)(params, tgx.Spec(("S",), "int64"))
+    kinds = collections.Counter(e.primitive.name for e in graph.eqns)
+    print(f"traced with a symbolic sequence length: {len(graph)} equations -> "
+          f"{graph.out_avals[0]}")
+    print("  " + ", ".join(f"{k} x{n}" for k, n in kinds.most_common()))
+    flat = tgx.decompose(graph)
+    print(f"  fully decomposed: {len(flat)} atomic equations over "
+          f"{len({e.primitive.name for e in flat.eqns})} atomic primitives")
+
+    section("Path space")
+    s0 = LENGTHS[0]
+    dims = {"S": s0}   # the binding at which plans are costed and kernels profiled
+    paths = tgx.paths(model)(params, tgx.Spec(("S",), "int64"), backends=BACKENDS,
+                             store=store, dims=dims)
+    print(f"whole model: {paths.count():.3e} valid plans (kernels on {', '.join(BACKENDS)}, "
+          f"decompositions, pattern kernels, transfers)")
+    block = decoder_block(cfg)
+    layer0 = params["model"]["layers"][0]
+    bpaths = tgx.paths(block)(layer0, tgx.Spec(("S", cfg.hidden_size)), backends=BACKENDS,
+                              store=store, dims=dims)
+    print(f"one decoder block: {bpaths.count():.3e} valid plans; the best predicted at "
+          f"S={s0}:")
+    for i, p in enumerate(itertools.islice(bpaths.ranked(), 3)):
+        per = collections.Counter(s.option.backend for s in p.steps if s.option.backend)
+        src = collections.Counter(s.estimate.source for s in p.steps)
+        print(f"  #{i + 1}: {p.cost * 1e6:7.1f} us predicted, {len(p.steps)} kernels "
+              f"({', '.join(f'{n} on {b}' for b, n in per.items())}), {p.ntransfers} "
+              f"transfers; figures: {', '.join(f'{n} {s}' for s, n in src.items())}")
+
+    section("Profiling")
+    cm = CostModel(store)
+    todo = unmeasured(graph, BACKENDS, store, cm, dims)
+    if not todo:
+        print("every candidate kernel is already measured in the store: profiling skipped")
+    else:
+        print(f"{len(todo)} candidate kernels (incl. inside decompositions) are unmeasured at "
+              f"S={s0}; profiling for at most {args.budget:.0f} s")
+        t = time.perf_counter()
+        n = explore(graph, BACKENDS, store, cm, dims, budget_s=0.02,
+                    time_limit_s=args.budget, progress=None)
+        left = len(todo) - n
+        print(f"recorded {n} traces in {time.perf_counter() - t:.1f} s"
+              + (f"; {left} left for the next run" if left else ""))
+
+    section("Compile (policy FASTEST) and run")
+    fastest = tgx.compile(model, policy="fastest", backends=BACKENDS, store=store,
+                          dynamic={"tokens": {0: "S"}})
+    rng = np.random.default_rng(0)
+    token_sets = {s: rng.integers(0, cfg.vocab_size, s) for s in LENGTHS}
+    for s, tokens in token_sets.items():
+        logits = fastest(params, tokens)
+        ref = G.gemma3_numpy(params, tokens, cfg)
+        err = float(np.abs(logits - ref).max() / np.abs(ref).max())
+        print(f"prefill S={s:3d}: logits {logits.shape}, max rel. error vs NumPy float64 "
+              f"{err:.1e}")
+        assert err < 1e-4, err
+    plan = fastest.lower(params, tgx.Spec(("S",), "int64"))
+    print(f"traced {fastest.trace_count}x and planned once for both lengths: {plan.summary()}")
+
+    section("Chosen implementation per op kind")
+    chosen: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for e, k in zip(plan.graph.eqns, plan.kernels):
+        chosen[e.primitive.name][repr(k)] += 1
+    for prim, ks in sorted(chosen.items(), key=lambda kv: -sum(kv[1].values())):
+        print(f"  {prim:30s} " + ", ".join(f"{k} x{n}" for k, n in ks.most_common()))
+    measured = sum(1 for e in (plan.estimates or []) if e.source == "measured")
+    print(f"  {measured} of {len(plan.estimates or [])} figures measured, the rest from the "
+          f"cost model")
+
+    section(f"Time per prefill at S={s0} (median)")
+    tokens = token_sets[s0]
+    rows = [("tgx FASTEST", lambda: fastest(params, tokens))]
+    for b in BACKENDS:
+        c = tgx.compile(model, policy="fastest", backends=[b], store=store)
+        rows.append((f"tgx {b}-only plan", lambda c=c: c(params, tokens)))
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    tp = unflatten_names({k: torch.from_numpy(np.ascontiguousarray(v))
+                          for k, v in flatten_names(params).items()})
+    tt = torch.from_numpy(tokens)
+    jp = unflatten_names({k: jnp.asarray(v) for k, v in flatten_names(params).items()})
+    jt = jnp.asarray(tokens)
+    jitted = jax.jit(lambda p, t: G.gemma3_reference(p, t, cfg, "jax"))
+
+    def torch_eager():
+        with torch.no_grad():
+            return G.gemma3_reference(tp, tt, cfg, "torch")
+
+    rows += [("PyTorch eager", torch_eager),
+             ("jax.jit", lambda: jitted(jp, jt).block_until_ready())]
+    times = [(name, best_time(fn)) for name, fn in rows]
+    base = times[0][1]
+    for name, t in times:
+        print(f"  {name:20s} {t * 1e3:8.2f} ms   {t / base:5.2f}x tgx FASTEST")
+
+    section(f"Memory plan at S={s0}")
+    mem = plan.memory
+    peak = mem.peak(S=s0)
+    total = sum(mem.sum_of_intermediates(S=s0).values())
+    low = sum(mem.lower_bound(S=s0).values())
+    both = sum(peak.values())
+    parts = ", ".join(f"{d} {v / 1024:.1f} KiB" for d, v in peak.items())
+    print(f"  peak of the planned buffers {both / 1024:.1f} KiB ({parts}; "
+          f"'owned' = results whose memory the library allocates)")
+    print(f"  vs the sum of all intermediates {total / 1024:.1f} KiB ({total / both:.1f}x "
+          f"more) and the largest live set {low / 1024:.1f} KiB (the lower bound, "
+          f"{both / low:.2f}x)")
+    est = plan.estimate_memory(S=4096)
+    print("  at S=4096 without re-planning: " + ", ".join(
+        f"{d} {v / 2**20:.1f} MiB" for d, v in est.items()))
+    print(f"\ndone in {time.perf_counter() - t_start:.0f} s; run again to reuse the store "
+          f"({len(store.traces())} traces)")
+
+
+if __name__ == "__main__":
+    main()
