@@ -183,32 +183,23 @@ def positive(x):
     return x
 
 
-def exp(x):
-    return _unary_float(P.exp_p, x)
+def _unary_op(prim, doc: str, name: str | None = None):
+    """A float unary wrapper over `prim` (integers become the default float first)."""
+    def fn(x):
+        return _unary_float(prim, _as_operand(x))
+
+    fn.__name__ = fn.__qualname__ = name or prim.name
+    fn.__doc__ = doc
+    return fn
 
 
-def log(x):
-    return _unary_float(P.log_p, x)
-
-
-def sin(x):
-    return _unary_float(P.sin_p, x)
-
-
-def cos(x):
-    return _unary_float(P.cos_p, x)
-
-
-def sqrt(x):
-    return _unary_float(P.sqrt_p, x)
-
-
-def arctan(x):
-    return _unary_float(P.atan_p, x)
-
-
-def erf(x):
-    return _unary_float(P.erf_p, x)
+exp = _unary_op(P.exp_p, "e ** x, elementwise.")
+log = _unary_op(P.log_p, "Natural logarithm (NaN below 0, -inf at 0).")
+sin = _unary_op(P.sin_p, "Sine.")
+cos = _unary_op(P.cos_p, "Cosine.")
+sqrt = _unary_op(P.sqrt_p, "Square root (NaN below 0).")
+arctan = _unary_op(P.atan_p, "Inverse tangent.", "arctan")
+erf = _unary_op(P.erf_p, "The error function (atomic: no accurate decomposition exists).")
 
 
 def floor(x):
@@ -1104,28 +1095,19 @@ Tracer.__hash__ = object.__hash__  # __eq__ is elementwise; identity hashing sta
 # Composite math (tgx/primitives/math.py): each binds one composite primitive.
 
 
-def _unary_composite(prim, doc: str):
-    def fn(x):
-        return _unary_float(prim, _as_operand(x))
-
-    fn.__name__ = prim.name
-    fn.__doc__ = doc
-    return fn
-
-
-tanh = _unary_composite(P.tanh_p, "Hyperbolic tangent, overflow-free: expm1(-2|x|) inside.")
-log1p = _unary_composite(P.log1p_p, "log(1 + x), accurate for tiny x (Kahan's trick).")
-expm1 = _unary_composite(P.expm1_p, "exp(x) - 1, accurate for tiny x.")
-tan = _unary_composite(P.tan_p, "Tangent: sin / cos.")
-arcsin = _unary_composite(P.arcsin_p, "Inverse sine (NaN outside [-1, 1]).")
-arccos = _unary_composite(P.arccos_p, "Inverse cosine (NaN outside [-1, 1]).")
-sinh = _unary_composite(P.sinh_p, "Hyperbolic sine.")
-cosh = _unary_composite(P.cosh_p, "Hyperbolic cosine.")
-arcsinh = _unary_composite(P.arcsinh_p, "Inverse hyperbolic sine.")
-arccosh = _unary_composite(P.arccosh_p, "Inverse hyperbolic cosine (NaN below 1).")
-arctanh = _unary_composite(P.arctanh_p, "Inverse hyperbolic tangent (NaN outside [-1, 1]).")
-rsqrt = _unary_composite(P.rsqrt_p, "1 / sqrt(x), as jax.lax.rsqrt.")
-erfinv = _unary_composite(P.erfinv_p, "Inverse error function (single-precision accuracy in "
+tanh = _unary_op(P.tanh_p, "Hyperbolic tangent, overflow-free: expm1(-2|x|) inside.")
+log1p = _unary_op(P.log1p_p, "log(1 + x), accurate for tiny x (Kahan's trick).")
+expm1 = _unary_op(P.expm1_p, "exp(x) - 1, accurate for tiny x.")
+tan = _unary_op(P.tan_p, "Tangent: sin / cos.")
+arcsin = _unary_op(P.arcsin_p, "Inverse sine (NaN outside [-1, 1]).")
+arccos = _unary_op(P.arccos_p, "Inverse cosine (NaN outside [-1, 1]).")
+sinh = _unary_op(P.sinh_p, "Hyperbolic sine.")
+cosh = _unary_op(P.cosh_p, "Hyperbolic cosine.")
+arcsinh = _unary_op(P.arcsinh_p, "Inverse hyperbolic sine.")
+arccosh = _unary_op(P.arccosh_p, "Inverse hyperbolic cosine (NaN below 1).")
+arctanh = _unary_op(P.arctanh_p, "Inverse hyperbolic tangent (NaN outside [-1, 1]).")
+rsqrt = _unary_op(P.rsqrt_p, "1 / sqrt(x), as jax.lax.rsqrt.")
+erfinv = _unary_op(P.erfinv_p, "Inverse error function (single-precision accuracy in "
                                       "the decomposition).")
 asin, acos, asinh, acosh, atanh = arcsin, arccos, arcsinh, arccosh, arctanh
 
