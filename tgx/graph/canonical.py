@@ -37,23 +37,9 @@ def canonicalize(graph: Graph) -> Graph:
     for i, e in enumerate(graph.eqns):
         for v in e.outvars:
             producer[v.id] = i
-    users: list[list[int]] = [[] for _ in graph.eqns]
-    missing = [0] * len(graph.eqns)
-    for i, e in enumerate(graph.eqns):
-        deps = {producer[x.id] for x in e.invars if isinstance(x, Var) and x.id in producer}
-        missing[i] = len(deps)
-        for d in deps:
-            users[d].append(i)
-    ready = [(rank[i], i) for i in range(len(graph.eqns)) if missing[i] == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        _, i = heapq.heappop(ready)
-        order.append(i)
-        for u in users[i]:
-            missing[u] -= 1
-            if missing[u] == 0:
-                heapq.heappush(ready, (rank[u], u))
+    deps = {i: {producer[x.id] for x in e.invars if isinstance(x, Var) and x.id in producer}
+            for i, e in enumerate(graph.eqns)}
+    order = priority_toposort(deps, lambda i: rank[i])
 
     const_order = sorted(range(len(graph.consts)), key=lambda k: array_digest(graph.consts[k]))
     env: dict[int, Var] = {}
@@ -100,4 +86,31 @@ def _use_digests(graph: Graph, nodes: list) -> list:
             if isinstance(x, Var):
                 tag = "c" if e.primitive.commutative else str(slot)
                 uses.setdefault(x.id, []).append(f"{ctx}@{tag}")
+    return out
+
+
+def priority_toposort(deps: dict, priority) -> list:
+    """Kahn's algorithm over `deps` ({node: nodes it depends on}); among the nodes ready at
+    each step, the one with the smallest `priority(node)` comes first.
+
+    >>> priority_toposort({"a": set(), "b": set(), "c": {"a", "b"}}, {"a": 2, "b": 1, "c": 0}.get)
+    ['b', 'a', 'c']
+    """
+    users: dict = {n: [] for n in deps}
+    missing = {n: len(d) for n, d in deps.items()}
+    for n, d in deps.items():
+        for s in d:
+            users[s].append(n)
+    ready = [(priority(n), i, n) for i, (n, k) in enumerate(missing.items()) if k == 0]
+    heapq.heapify(ready)
+    tie = len(ready)
+    out = []
+    while ready:
+        *_, n = heapq.heappop(ready)
+        out.append(n)
+        for u in users[n]:
+            missing[u] -= 1
+            if missing[u] == 0:
+                tie += 1
+                heapq.heappush(ready, (priority(u), tie, u))
     return out

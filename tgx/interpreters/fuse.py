@@ -10,6 +10,7 @@ Regions of a single equation stay as they are.
 
 from __future__ import annotations
 
+from ..graph.canonical import priority_toposort
 from ..core import Eqn, Graph, Literal, Var
 from ..primitives import fused as _fused  # noqa: F401 - registers the `fused` primitive
 from ..primitives.fused import fused_p
@@ -191,23 +192,7 @@ def fuse(graph: Graph, *, min_size: int = 2) -> Graph:
 
 
 def _toposort(deps: dict, first: dict) -> list:
-    import heapq
-
-    users: dict = {n: [] for n in deps}
-    missing = {n: len(d) for n, d in deps.items()}
-    for n, d in deps.items():
-        for s in d:
-            users[s].append(n)
-    ready = [(first[n], n) for n, k in missing.items() if k == 0]
-    heapq.heapify(ready)
-    out = []
-    while ready:
-        _, n = heapq.heappop(ready)
-        out.append(n)
-        for u in users[n]:
-            missing[u] -= 1
-            if missing[u] == 0:
-                heapq.heappush(ready, (first[u], u))
+    out = priority_toposort(deps, first.__getitem__)
     if len(out) != len(deps):
         raise AssertionError("fuse produced a cycle between regions")  # guarded by _regions
     return out
