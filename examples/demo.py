@@ -83,8 +83,8 @@ def main(argv=None) -> None:
               f"vocab {cfg.vocab_size}; {sum(v.size for v in flatten_names(params).values()):,} "
               f"random weights saved to and loaded from a .safetensors file")
 
-    def model(p, tokens):
-        return G.gemma3(p, tokens, cfg)
+    def model(params, tokens):
+        return G.gemma3(params, tokens, cfg)
 
     graph = tgx.make_graph(model)(params, tgx.Spec(("S",), "int64"))
     kinds = collections.Counter(e.primitive.name for e in graph.eqns)
@@ -132,7 +132,7 @@ def main(argv=None) -> None:
 
     section("Compile (policy FASTEST) and run")
     fastest = tgx.compile(model, policy="fastest", backends=BACKENDS, store=store,
-                          dynamic={"tokens": {0: "S"}})
+                          dynamic={"tokens": {0: "S"}}, weights="params")
     rng = np.random.default_rng(0)
     token_sets = {s: rng.integers(0, cfg.vocab_size, s) for s in LENGTHS}
     for s, tokens in token_sets.items():
@@ -159,7 +159,7 @@ def main(argv=None) -> None:
     tokens = token_sets[s0]
     rows = [("tgx FASTEST", lambda: fastest(params, tokens))]
     for b in BACKENDS:
-        c = tgx.compile(model, policy="fastest", backends=[b], store=store)
+        c = tgx.compile(model, policy="fastest", backends=[b], store=store, weights="params")
         rows.append((f"tgx {b}-only plan", lambda c=c: c(params, tokens)))
     import jax
     import jax.numpy as jnp

@@ -176,8 +176,12 @@ def _default_dims(graph: Graph) -> dict[str, int]:
 def plan_graph(graph: Graph, *, policy: str = "fastest", backends: Sequence[str] | None = None,
                memory_budget=None, return_backend_arrays: bool = False,
                in_names: Sequence[str] | None = None, store=None,
-               tolerance: float | None = None, dims: Mapping[str, int] | None = None) -> Plan:
+               tolerance: float | None = None, dims: Mapping[str, int] | None = None,
+               weights: Sequence[int] = ()) -> Plan:
     """Choose a kernel per equation of `graph`, insert transfers, lower: a `Plan`.
+
+    `weights`: indices of the graph inputs that are weights (converted to their backends once
+    per bound array object, accounted as persistent; see `Compiled`).
 
     "fastest" and "explore" choose at the concrete binding `dims` (default: every symbol at
     64) with `store` (default: `BenchmarkStore()`).
@@ -187,17 +191,17 @@ def plan_graph(graph: Graph, *, policy: str = "fastest", backends: Sequence[str]
     backends = check_backends(backends)
     if policy != "heuristic":
         return _measured_plan(graph, policy, backends, memory_budget, return_backend_arrays,
-                              in_names, store, tolerance, dims)
+                              in_names, store, tolerance, dims, weights)
     g = decompose_unsupported(graph, backends, primary_backend(backends))
     assign = assign_backends(g, backends)
     bg = rebackend(g, assign, outputs=None if return_backend_arrays else "numpy")
     kernels = choose_kernels(bg, bg.backends)
-    cg = lower(bg, kernels, in_names=in_names)
+    cg = lower(bg, kernels, in_names=in_names, weights=weights)
     return Plan(graph, bg, kernels, cg, policy, memory_budget, return_backend_arrays)
 
 
 def _measured_plan(graph, policy, backends, memory_budget, return_backend_arrays, in_names,
-                   store, tolerance, dims) -> Plan:
+                   store, tolerance, dims, weights=()) -> Plan:
     from .planning.cost_model import CostModel
     from .planning.policies import explore, flag_pending, heuristic_cost
     from .planning.selection import realize, select
@@ -208,13 +212,14 @@ def _measured_plan(graph, policy, backends, memory_budget, return_backend_arrays
     cm = CostModel(store, tolerance=tolerance)
     if policy == "explore":
         explore(graph, backends, store, cm, dims)
-    sel = select(graph, backends, cm, dims)
-    if tolerance is None and heuristic_cost(graph, backends, cm, dims) < sel.total * (1 - 1e-9):
+    sel = select(graph, backends, cm, dims, weights=weights)
+    h_cost = heuristic_cost(graph, backends, cm, dims, weights) if tolerance is None else None
+    if h_cost is not None and h_cost < sel.total * (1 - 1e-9):
         plan = plan_graph(graph, policy="heuristic", backends=backends,
                           memory_budget=memory_budget,
                           return_backend_arrays=return_backend_arrays, in_names=in_names)
         plan.policy = f"{policy} (heuristic plan: cheaper by the cost model)"
-        plan.predicted_s, plan.dims = heuristic_cost(graph, backends, cm, dims), dims
+        plan.predicted_s, plan.dims = h_cost, dims
         return plan
     g, assign, chosen, ests = realize(sel)
     if policy == "fastest":
@@ -232,7 +237,7 @@ def _measured_plan(graph, policy, backends, memory_budget, return_backend_arrays
             k, est = next(it)
             kernels.append(k)
             estimates.append(est)
-    cg = lower(bg, kernels, in_names=in_names)
+    cg = lower(bg, kernels, in_names=in_names, weights=weights)
     return Plan(graph, bg, kernels, cg, policy, memory_budget, return_backend_arrays,
                 estimates, dims, sel.total)
 
@@ -241,7 +246,8 @@ class Compiled:
     """A function compiled by `tgx.compile`: call it, or `.lower(...)` it to see the `Plan`."""
 
     def __init__(self, fn: Callable, *, policy="fastest", backends=None, dynamic=None,
-                 store=None, tolerance=None, memory_budget=None, return_backend_arrays=False):
+                 store=None, tolerance=None, memory_budget=None, return_backend_arrays=False,
+                 weights=None):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (expected one of {POLICIES})")
         functools.update_wrapper(self, fn)
@@ -258,6 +264,7 @@ class Compiled:
         self.trace_count = 0
         self._plans: dict[Any, Plan] = {}
         self._fast: dict[Any, Plan] = {}  # concrete (tree, shapes, dtypes) -> plan
+        self._weight_leaves: dict[Any, tuple] = {}  # tree -> indices of the weight leaves
         try:
             self._params = list(inspect.signature(fn).parameters)
         except (TypeError, ValueError):
@@ -266,6 +273,25 @@ class Compiled:
         if unknown and self._params:
             raise ValueError(f"dynamic names unknown arguments {sorted(unknown)} of "
                              f"{fn.__name__}{inspect.signature(fn)}")
+        self.weights = self._weight_names(weights)
+
+    def _weight_names(self, weights) -> frozenset:
+        """`weights` (a name, a position, or a tuple of them) as argument names."""
+        if weights is None:
+            return frozenset()
+        if isinstance(weights, (str, int)):
+            weights = (weights,)
+        names = set()
+        for w in weights:
+            if isinstance(w, int):
+                names.add(self._params[w] if w < len(self._params) else f"args[{w}]")
+            elif self._params and w not in self._params:
+                raise ValueError(f"weights names an unknown argument {w!r} of "
+                                 f"{getattr(self.fn, '__name__', self.fn)}"
+                                 f"{inspect.signature(self.fn)}")
+            else:
+                names.add(w)
+        return frozenset(names)
 
     # -- abstract signature -----------------------------------------------------------------
     def _abstract(self, args, kwargs):
@@ -278,6 +304,7 @@ class Compiled:
             owners += [k] * len(tree_flatten(v)[0])
         names = leaf_names(tree, len(leaves))
         avals = [self._aval(x, owner, name) for x, owner, name in zip(leaves, owners, names)]
+        self._weight_leaves[tree] = tuple(i for i, o in enumerate(owners) if o in self.weights)
         return leaves, tree, tuple(avals), names
 
     def _aval(self, x, owner: str, name: str) -> ShapedArray:
@@ -309,7 +336,8 @@ class Compiled:
             plan = plan_graph(graph, policy=self.policy, backends=self.backends,
                               memory_budget=self.memory_budget,
                               return_backend_arrays=self.return_backend_arrays, in_names=names,
-                              store=self.store, tolerance=self.tolerance, dims=dims)
+                              store=self.store, tolerance=self.tolerance, dims=dims,
+                              weights=self._weight_leaves.get(tree, ()))
             self._plans[key] = plan
         return plan
 
@@ -339,7 +367,7 @@ class Compiled:
 def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A001
             backends: Sequence[str] | None = None, dynamic: Mapping | None = None,
             store=None, tolerance: float | None = None, memory_budget=None,
-            return_backend_arrays: bool = False):
+            return_backend_arrays: bool = False, weights=None):
     """Compile `fn`: trace per abstract signature, choose kernels, plan buffers, run flat.
 
     Usable as `@tgx.compile` or `@tgx.compile(backends=["torch"], dynamic={"x": {0: "N"}})`.
@@ -348,10 +376,16 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
     before any kernel runs. `policy`: "fastest" (default: benchmark store, else cost model),
     "explore" (profile unmeasured candidates now), "heuristic" (rules, no store);
     `store` (default `BenchmarkStore()`), `tolerance` (max measured relative error).
+
+    `weights` names the arguments (parameter names or positions, one or a tuple) whose leaves
+    are weights: each is converted to every backend the plan needs it on once, cached by the
+    identity of the leaf array, and accounted as persistent memory. A new array object is
+    bound again (no re-planning); in-place mutation of a bound NumPy array is NOT detected
+    (NumPy has no cheap version counter): treat weights as immutable, pass new arrays.
     """
     kw = dict(policy=policy, backends=backends, dynamic=dynamic, store=store,
               tolerance=tolerance, memory_budget=memory_budget,
-              return_backend_arrays=return_backend_arrays)
+              return_backend_arrays=return_backend_arrays, weights=weights)
     if fn is None:
         return lambda f: Compiled(f, **kw)
     return Compiled(fn, **kw)

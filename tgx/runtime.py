@@ -122,7 +122,8 @@ class CompiledGraph:
     def __init__(self, *, n_slots: int, in_slots: Sequence[int], in_avals: Sequence[ShapedArray],
                  in_names: Sequence[str], out_slots: Sequence[int], consts: dict,
                  instructions: Sequence[Instruction], dead: Sequence[tuple],
-                 workspace: dict | None = None, memory=None, symbols: Sequence = ()):
+                 workspace: dict | None = None, memory=None, symbols: Sequence = (),
+                 weight_args: Sequence[int] = (), weight_copies: Sequence[tuple] = ()):
         self.n_slots = n_slots
         self.in_slots = tuple(in_slots)
         self.in_avals = tuple(in_avals)
@@ -137,6 +138,41 @@ class CompiledGraph:
         self._specs: dict[tuple, Specialization] = {}
         self._sources = self._dim_sources()
         self.memory_budget = None
+        #: argument indices that are weights, and (arg index, slot, backend, device) of each
+        #: conversion they need; see `bind_weights`
+        self.weight_args = tuple(weight_args)
+        self.weight_copies = tuple(weight_copies)
+        self._bound_src: tuple = ()       # the argument objects bound last (kept alive)
+        self._bound: tuple = ()           # (slot, converted value) per weight copy
+        #: weight conversions done so far (each bound array once per backend)
+        self.weight_conversions = 0
+
+    # -- weights ----------------------------------------------------------------------------
+    def bind_weights(self, args: Sequence[Any]) -> None:
+        """Convert the weight arguments to every backend the plan needs them on, once.
+
+        Keyed by the identity of the argument objects: the same array objects as the last
+        call reuse the converted copies; a new array object is converted again. In-place
+        mutation of a bound array is not detected (NumPy arrays carry no version counter
+        that could be checked cheaply): treat weights as immutable and pass new arrays.
+        """
+        from .lowerings.transfers import CONVERTERS
+
+        src = tuple(args[i] for i in self.weight_args)
+        old = dict(zip(self.weight_args, self._bound_src))
+        prev = {s: v for (a, s, _, _), (_, v) in zip(self.weight_copies, self._bound)
+                if a in old} if self._bound else {}
+        bound = []
+        for a, slot, backend, device in self.weight_copies:
+            x = args[a]
+            if a in old and old[a] is x and slot in prev:
+                bound.append((slot, prev[slot]))
+                continue
+            if type(x) is not np.ndarray:
+                x = _coerce(x, self.in_avals[a])
+            bound.append((slot, CONVERTERS[backend](x, device=device)))
+            self.weight_conversions += 1
+        self._bound_src, self._bound = src, tuple(bound)
 
     # -- binding ----------------------------------------------------------------------------
     def _dim_sources(self):
@@ -222,6 +258,11 @@ class CompiledGraph:
         args = list(args)
         if len(args) != len(self.in_slots):
             raise BindingError(f"expected {len(self.in_slots)} arguments, got {len(args)}")
+        if self.weight_copies:
+            bs = self._bound_src
+            if len(bs) != len(self.weight_args) or any(
+                    args[i] is not b for i, b in zip(self.weight_args, bs)):
+                self.bind_weights(args)
         for i, a in enumerate(args):
             if type(a) is not np.ndarray:
                 args[i] = _coerce(a, self.in_avals[i])
@@ -231,6 +272,8 @@ class CompiledGraph:
             if a.shape != shape or a.dtype != dtype:
                 self._raise_mismatch(i, a, shape, dtype)
             slots[slot] = a
+        for slot, v in self._bound:
+            slots[slot] = v
         for fn, ins, out, dead in spec.instrs:
             if type(out) is int:
                 slots[out] = fn(*[slots[i] for i in ins])

@@ -136,3 +136,12 @@ def test_fastest_picks_planted_mixed_plan(store):
           if e.primitive.name != "copy_to"}
     assert by["exp"] == "jax" and by["mul"] == "numpy" and by["tanh"] == "numpy"
     np.testing.assert_allclose(plan(X), np.tanh(np.exp(X) * 2), rtol=1e-5)
+
+
+def test_fastest_flags_equations_whose_symbols_are_only_in_params(store):
+    # iota's length S comes from its params, not from an input shape.
+    f = tgx.compile(lambda x: x + tnp.arange(x.shape[0]).astype("float32"), policy="fastest",
+                    store=store, dynamic={"x": {0: "S"}})
+    x = np.ones(5, np.float32)
+    np.testing.assert_array_equal(f(x), x + np.arange(5))
+    assert any(p["equation"]["primitive"] == "iota" for p in store.pending())

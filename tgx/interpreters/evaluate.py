@@ -13,9 +13,9 @@ import numpy as np
 import sympy
 
 from ..core import Graph, Literal, Var
-from ..errors import BindingError, DTypeError
-from ..shapes import ShapedArray, aval_of, dim_str, shape_str
-from ..tracing import leaf_names, tree_flatten, tree_unflatten
+from ..errors import BindingError, DTypeError, KernelError
+from ..shapes import ShapedArray, aval_of, dim_str, eval_dim, shape_str
+from ..tracing import leaf_names, tree_flatten, tree_unflatten, where
 
 
 def bind_dims(avals: Sequence[ShapedArray], args: Sequence[Any],
@@ -123,7 +123,13 @@ def eval_graph_flat(graph: Graph, args: Sequence[Any], names: Sequence[str] | No
         if not eqn.primitive.multiple_results:
             outs = [outs]
         for v, o in zip(eqn.outvars, outs):
-            env[v.id] = np.asarray(o, dtype=v.aval.dtype)
+            o = np.asarray(o, dtype=v.aval.dtype)
+            expected = tuple(eval_dim(d, dims) for d in v.aval.shape)
+            if o.shape != expected:  # a reference implementation disagreeing with its rule
+                raise KernelError(f"{eqn.primitive.name}: the NumPy reference returned shape "
+                                  f"{o.shape} but the shape rule says {expected}"
+                                  f"{where(eqn.source_info)}")
+            env[v.id] = o
     return [read(v) if isinstance(v, Literal) else env[v.id] for v in graph.outvars]
 
 

@@ -9,6 +9,9 @@ Steps, each a plain function:
    written by `out=` kernels on the CPU go into one 64-byte aligned workspace (in place of an
    elementwise input that dies there); other values are owned by their library (XLA, torch,
    NumPy allocations) and accounted on a pseudo-device `<device>/owned`.
+4. weights (`weights=`: argument indices): their `copy_to`s are not instructions; the runtime
+   converts each weight to every backend that needs it once per bound array object
+   (`CompiledGraph.bind_weights`), and the buffer plan accounts them as *persistent*.
 """
 
 from __future__ import annotations
@@ -105,10 +108,11 @@ def _is_transfer(eqn) -> bool:
 
 
 def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = None,
-          fuse_jax: bool = True, use_workspace: bool = True, device: str = "cpu"
-          ) -> CompiledGraph:
+          fuse_jax: bool = True, use_workspace: bool = True, device: str = "cpu",
+          weights: Sequence[int] = ()) -> CompiledGraph:
     """Lower `graph` (a `BackendGraph` or a plain graph on NumPy) with `kernels[i]` running
-    equation i."""
+    equation i. `weights`: indices of the graph inputs that are weights (bound once, see
+    `CompiledGraph.bind_weights`)."""
     backends = graph_backends(graph)
     slot: dict[int, int] = {}
 
@@ -133,6 +137,22 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
     for v, c in zip(graph.constvars, graph.consts):
         consts[slot_of(v)] = np.asarray(c)
     in_slots = [slot_of(v) for v in graph.invars]
+    weight_of = {graph.invars[i].id: i for i in weights}
+    weight_copies: list[tuple[int, int, str, str]] = []  # (arg index, slot, backend, device)
+
+    def fold(e) -> bool:
+        """Fold a copy_to of a constant (converted now) or of a weight (at binding time)."""
+        if not _is_transfer(e) or not isinstance(e.invars[0], Var):
+            return False
+        src = e.invars[0].id
+        if src in const_value:
+            consts[slot_of(e.outvars[0])] = _to_backend(const_value[src], e.params["backend"])
+            return True
+        if src in weight_of:
+            weight_copies.append((weight_of[src], slot_of(e.outvars[0]), e.params["backend"],
+                                  e.params.get("device", "cpu")))
+            return True
+        return False
 
     # -- schedule: single kernels and jax regions -------------------------------------------
     instrs: list[Instruction] = []
@@ -140,18 +160,32 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
     while i < len(eqns):
         e, b, k = eqns[i], backends[i], kernels[i]
         if fuse_jax and b == "jax" and not _is_transfer(e):
-            j = i
-            while j < len(eqns) and backends[j] == "jax" and not _is_transfer(eqns[j]):
+            # a region runs over the jax equations from i on; folded copies do not break it
+            j, members = i, []
+            while j < len(eqns):
+                if backends[j] == "jax" and not _is_transfer(eqns[j]):
+                    members.append(j)
+                elif not fold(eqns[j]):
+                    break
                 j += 1
-            if j - i > 1:
-                instrs.append(_region_instruction(graph, eqns[i:j], kernels[i:j], slot_of,
-                                                  range(i, j), j))
+            if len(members) > 1:
+                instrs.append(_region_instruction(graph, [eqns[m] for m in members],
+                                                  [kernels[m] for m in members], slot_of,
+                                                  members, j))
                 i = j
                 continue
-        # a copy_to of a constant is folded now: weights are converted once
-        if _is_transfer(e) and isinstance(e.invars[0], Var) and e.invars[0].id in const_value:
-            consts[slot_of(e.outvars[0])] = _to_backend(const_value[e.invars[0].id],
-                                                        e.params["backend"])
+            if j > i + 1:  # one jax equation, then folded copies: emit it alone below
+                i0 = i
+                i = j
+                e, b, k = eqns[i0], backends[i0], kernels[i0]
+                ins = tuple(lit_slot(a, b) if isinstance(a, Literal) else slot_of(a)
+                            for a in e.invars)
+                instrs.append(Instruction(
+                    repr(k), b, _single(e, k, b), ins, tuple(slot_of(v) for v in e.outvars),
+                    tuple(v.aval for v in e.outvars), (i0,), k.writes_out and len(e.outvars) == 1,
+                    k.returns_view, k.inplace_ok))
+                continue
+        if fold(e):
             i += 1
             continue
         ins = tuple(lit_slot(a, b) if isinstance(a, Literal) else slot_of(a) for a in e.invars)
@@ -174,13 +208,22 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
 
     symbols = sorted(set().union(*[free_symbols(v.aval.shape) for v in graph.invars]),
                      key=lambda s: s.name)
+    persistent = [(f"w{a}", _nbytes(graph.invars[a].aval), device) for a in sorted(weights)]
+    persistent += [(f"w{a}@{b}", _nbytes(graph.invars[a].aval), dev)
+                   for a, _, b, dev in weight_copies if not _zero_copy(b, dev, device)]
     workspace, memory, dead = plan_buffers(graph, instrs, in_slots, out_slots, consts, slot,
-                                           use_workspace, device)
+                                           use_workspace, device, persistent)
     names = list(in_names) if in_names else leaf_names(graph.in_tree, len(graph.invars))
     return CompiledGraph(n_slots=n_slots, in_slots=in_slots, in_avals=graph.in_avals,
                          in_names=names, out_slots=out_slots, consts=consts,
                          instructions=instrs, dead=dead, workspace=workspace, memory=memory,
-                         symbols=symbols)
+                         symbols=symbols, weight_args=sorted(weights),
+                         weight_copies=weight_copies)
+
+
+def _zero_copy(backend: str, dev: str, host: str) -> bool:
+    """Whether converting a host NumPy array to `backend` on `dev` shares its memory."""
+    return dev == host and backend in ("numpy", "torch")
 
 
 def _region_instruction(graph, eqns, kernels, slot_of, idx, end):
@@ -206,8 +249,11 @@ def _nbytes(aval):
     return n if type(n) is int else sympy.expand(n)
 
 
-def plan_buffers(graph, instrs, in_slots, out_slots, consts, slot, use_workspace, device):
-    """Liveness, workspace requests, in-place aliases → (slot→buffer, MemoryPlan, dead lists)."""
+def plan_buffers(graph, instrs, in_slots, out_slots, consts, slot, use_workspace, device,
+                 persistent=()):
+    """Liveness, workspace requests, in-place aliases → (slot→buffer, MemoryPlan, dead lists).
+
+    `persistent`: (name, bytes, device) of bound weights, accounted as persistent buffers."""
     aval_of = {}
     for v in (*graph.constvars, *graph.invars):
         aval_of[slot[v.id]] = v.aval
@@ -266,6 +312,8 @@ def plan_buffers(graph, instrs, in_slots, out_slots, consts, slot, use_workspace
     for s, c in consts.items():
         nb = int(getattr(c, "nbytes", 0))
         reqs.append(BufferRequest(f"c{s}", nb, -1, n, device, kind="persistent"))
+    for name, nb, dev in persistent:
+        reqs.append(BufferRequest(name, nb, -1, n, dev, kind="persistent"))
     memory = plan_memory(reqs) if reqs else None
     # slots to clear after each instruction: owned values whose last use it is
     keep = set(out_slots) | set(consts) | set(in_slots)

@@ -199,15 +199,17 @@ def flag_pending(store, cost_model, eqns, kernels, estimates, dims) -> int:
     return store.add_pending(recs) if recs else 0
 
 
-def heuristic_cost(graph: Graph, backends, cost_model, dims) -> float:
-    """The HEURISTIC plan's predicted time by the cost model (FASTEST never does worse)."""
+def heuristic_cost(graph: Graph, backends, cost_model, dims, weights=()) -> float:
+    """The HEURISTIC plan's predicted time by the cost model (FASTEST never does worse).
+
+    `weights`: indices of the inputs that are bound weights (their transfers are free)."""
     from .selection import _Selector
 
     g = decompose_unsupported(graph, backends, primary_backend(backends))
     assign = assign_backends(g, backends)
     from .selection import Choice
 
-    sel = _Selector(backends, cost_model, dims)
+    sel = _Selector(backends, cost_model, dims, [g.invars[i].id for i in weights])
     opts = []
     for e, b in zip(g.eqns, assign):
         k = accepted_kernels(e, b)[0]

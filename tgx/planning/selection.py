@@ -106,10 +106,11 @@ def check_tolerance(graph: Graph, tolerance: float | None) -> None:
 
 
 class _Selector:
-    def __init__(self, backends, cm: CostModel, dims):
+    def __init__(self, backends, cm: CostModel, dims, free=()):
         self.backends = list(backends)
         self.cm = cm
         self.dims = dims
+        self.free = frozenset(free)  # value ids whose transfers are free (bound weights)
         self._decomp: dict = {}
         self._options: dict = {}  # equation key -> options (independent of where inputs live)
         self._subs: dict = {}     # equation key -> its decomposition graph
@@ -201,7 +202,7 @@ class _Selector:
 
     def T(self, vid, src, dst, output: bool = False) -> float:
         """Transfer time of value `vid` from backend `src` to `dst`."""
-        if src == dst:
+        if src == dst or vid in self.free:
             return 0.0
         key = (vid, src, dst)
         t = self._t.get(key)
@@ -405,10 +406,15 @@ class _Selector:
              self.aval, self._t) = saved
 
 
-def select(graph: Graph, backends, cost_model: CostModel, dims: dict) -> Selection:
-    """The cheapest choice per equation of `graph` on `backends` at binding `dims`."""
+def select(graph: Graph, backends, cost_model: CostModel, dims: dict,
+           weights=()) -> Selection:
+    """The cheapest choice per equation of `graph` on `backends` at binding `dims`.
+
+    `weights`: indices of the inputs that are bound weights: converted once, not per call,
+    so their transfers cost nothing."""
     check_tolerance(graph, cost_model.tolerance)
-    return _Selector(backends, cost_model, dict(dims or {})).solve(graph)
+    free = [graph.invars[i].id for i in weights]
+    return _Selector(backends, cost_model, dict(dims or {}), free).solve(graph)
 
 
 def select_brute_force(graph: Graph, backends, cost_model: CostModel, dims: dict) -> Selection:

@@ -105,8 +105,7 @@ def describe_equation(eqn: Any, dims: dict) -> dict:
     from tgx.planning.cost_model import _binding, _shape
 
     env = _binding(dims)
-    syms = {s: env[s.name] for a in eqn.invars if not isinstance(a, Literal)
-            for d in a.aval.shape if type(d) is not int for s in d.free_symbols}
+    syms = _symbol_binding(eqn, env)
     params = {k: encode_param(concretize(v, syms)) for k, v in sorted(eqn.params.items())}
     inputs = []
     for a in eqn.invars:
@@ -144,6 +143,17 @@ def _param_symbols(v: Any) -> set:
     return set(getattr(v, "free_symbols", ()) or ()) if hasattr(v, "xreplace") else set()
 
 
+def _symbol_binding(eqn: Any, env: dict) -> dict:
+    """{Symbol: int} for every symbol of `eqn`'s input shapes and params (iota's shape is
+    only in its params), from the binding `env` {name: int}."""
+    from tgx.core import Literal
+
+    free = set().union(*(d.free_symbols for a in eqn.invars if not isinstance(a, Literal)
+                         for d in a.aval.shape if type(d) is not int),
+                       *(_param_symbols(v) for v in eqn.params.values()))
+    return {s: env[s.name] for s in free}
+
+
 def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0) -> dict:
     """A `profile` job: `kernel` on random inputs of `eqn` at `dims`, the primitive's NumPy
     reference (float64 inputs) as golden."""
@@ -156,11 +166,7 @@ def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0) -> dict:
     from tgx.runtime import kernel_callable
 
     env = _binding(dims)
-    # Symbols of the inputs and of the params (iota's shape has no input to come from).
-    free = set().union(*(d.free_symbols for a in eqn.invars if not isinstance(a, Literal)
-                         for d in a.aval.shape if type(d) is not int),
-                       *(_param_symbols(v) for v in eqn.params.values()))
-    syms = {s: env[s.name] for s in free}
+    syms = _symbol_binding(eqn, env)
     params = {k: concretize(v, syms) for k, v in eqn.params.items()}
     arrays = list(random_inputs([(_shape(a.aval, env), a.aval.dtype.name)
                                  for a in eqn.invars if not isinstance(a, Literal)], seed))
