@@ -29,6 +29,7 @@ from tgx.interpreters.lower import lower  # noqa: E402
 from tgx.interpreters.rebackend import rebackend  # noqa: E402
 from tgx.lowerings import available_backends  # noqa: E402
 from tgx.planning.candidates import accepted_kernels  # noqa: E402
+from tgx.planning.cost_model import CostModel  # noqa: E402
 from tgx.planning.policies import decompose_unsupported  # noqa: E402
 from tgx.profiling import measure  # noqa: E402
 from tgx.store import BenchmarkStore  # noqa: E402
@@ -53,12 +54,60 @@ def graphs(quick):
     yield "lstm step", tnn.lstm_cell, args
 
 
-def timed(plan, args, budget):
+def runner(plan, args):
     leaves, _ = tree_flatten((args, {}))
+    return lambda: plan.run_flat(leaves)
+
+
+def timed(run, budget):
     # torch's OpenMP workers spin for milliseconds after the previous plan and slow NumPy's
     # BLAS threads (see SWITCH_PENALTY): let them go idle so plans do not pay for each other
+    # (inside one measurement the plan runs back to back, so it pays its own wrap-around)
     time.sleep(0.05)
-    return measure(lambda: plan.run_flat(leaves), budget_s=budget).median_s
+    return measure(run, budget_s=budget).median_s
+
+
+def time_plans(plans: dict, args, budget: float, rounds: int, seed: int = 0):
+    """Fair timing: every plan warmed first, then `rounds` round-robin passes (a fresh
+    shuffled order each round, so no plan always follows the same one), each giving a
+    per-round median; a plan's time is the median of its per-round medians, its spread
+    (max - min) / median of them."""
+    runs = {k: runner(p, args) for k, p in plans.items()}
+    for run in runs.values():  # warm: first-call costs (jit, allocations, thread pools)
+        for _ in range(3):
+            run()
+    per: dict[str, list[float]] = {k: [] for k in plans}
+    rnd = random.Random(seed)
+    order = list(plans)
+    for _ in range(rounds):
+        rnd.shuffle(order)
+        for k in order:
+            per[k].append(timed(runs[k], budget / rounds))
+    med = {k: float(np.median(v)) for k, v in per.items()}
+    spread = {k: (max(v) - min(v)) / med[k] for k, v in per.items()}
+    return med, spread
+
+
+def predicted(plan, cm, dims=None) -> float:
+    """The cost model's figure for an already lowered plan, as selection prices it: kernels +
+    copy_to transfers + switch penalties between consecutive kernels and last → first."""
+    dims = dict(dims or {})
+    g = plan.graph
+    where = {v.id: "numpy" for v in (*g.invars, *g.constvars)}
+    t, seq = 0.0, []
+    for e, b, k in zip(g.eqns, g.backends, plan.kernels):
+        for v in e.outvars:
+            where[v.id] = b
+        if e.primitive.name == "copy_to":
+            a = e.invars[0]
+            t += cm.transfer(a.aval, where.get(getattr(a, "id", None), "numpy"), b,
+                             dims).seconds
+            continue
+        t += cm.kernel(e, k, dims).seconds
+        seq.append(b)
+    if len(seq) > 1:
+        t += sum(cm.switch(a, b) for a, b in zip(seq, seq[1:] + seq[:1]))
+    return t
 
 
 def mixed_plans(graph, backends, n, seed=0):
@@ -76,9 +125,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--mixed", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--verbose", "-v", action="store_true",
+                    help="predicted vs measured time of every plan")
     a = ap.parse_args(argv)
-    budget = 0.1 if a.quick else 0.4
+    budget = 0.2 if a.quick else 0.8   # per plan, spread over the rounds
     backends = available_backends()
     rows = []
     for name, fn, args in graphs(a.quick):
@@ -93,24 +144,35 @@ def main(argv=None):
         plans["heuristic"] = tgx.compile(fn, policy="heuristic", backends=backends).lower(*args)
         for i, p in enumerate(mixed_plans(fast.source_graph, backends, a.mixed)):
             plans[f"mixed{i}"] = p
-        times: dict[str, float] = {}
-        for _ in range(a.rounds):  # round robin, best of rounds: less sensitive to load
-            for k, p in plans.items():
-                times[k] = min(times.get(k, float("inf")), timed(p, args, budget))
+        times, spread = time_plans(plans, args, budget, a.rounds)
+        cm = CostModel(store=store)
+        preds = {k: predicted(p, cm, fast.dims) for k, p in plans.items()}
         mixed = [t for k, t in times.items() if k.startswith("mixed")]
-        best = min(times.values())
-        rows.append((name, len(store.traces()), explore_s, fast.predicted_s, times, min(mixed),
-                     best))
+        best_k = min(times, key=times.get)
+        rows.append((name, len(store.traces()), explore_s, fast.predicted_s, times, spread,
+                     min(mixed), best_k, preds))
+        if a.verbose or best_k != "fastest":
+            print(f"{name}: predicted (cost model on the explored store) vs measured")
+            for k in sorted(plans, key=times.get):
+                p = plans[k]
+                bs = sorted(set(p.graph.backends))
+                print(f"  {k:<10} pred {preds[k] * 1e6:>9.1f}µs  meas {times[k] * 1e6:>9.1f}µs "
+                      f"±{100 * spread[k]:>4.1f}%  {'+'.join(bs)}, "
+                      f"{len(p.transfers())} transfers")
     print(f"{'graph':<18} {'traces':>6} {'explore':>8} {'pred':>9} {'fastest':>9} "
           + " ".join(f"{b + '/F':>9}" for b in [*backends, "heuristic"])
-          + f" {'mixed/F':>8} {'regret':>7}")
-    for name, nt, ex, pred, times, mixed, best in rows:
+          + f" {'mixed/F':>8} {'regret':>7} {'spread':>7}  best")
+    for name, nt, ex, pred, times, spread, mixed, best_k, _ in rows:
         f = times["fastest"]
+        sp = max(spread["fastest"], spread[best_k])
         print(f"{name:<18} {nt:>6} {ex:>7.1f}s {pred * 1e6:>7.1f}µs {f * 1e6:>7.1f}µs "
               + " ".join(f"{times[b] / f:>9.2f}" for b in [*backends, "heuristic"])
-              + f" {mixed / f:>8.2f} {100 * (f / best - 1):>6.1f}%")
+              + f" {mixed / f:>8.2f} {100 * (f / times[best_k] - 1):>6.1f}% "
+              f"{100 * sp:>6.1f}%  {best_k}")
     print("ratios: time of that plan / FASTEST's (> 1: FASTEST is faster); mixed: best of "
-          f"{a.mixed} random mixed plans; regret: FASTEST vs the best plan timed")
+          f"{a.mixed} random mixed plans; regret: FASTEST vs the best plan timed (times: median "
+          f"of {a.rounds} round-robin per-round medians); spread: (max - min) / median of the "
+          "per-round medians of FASTEST and the best plan, the larger")
 
 
 if __name__ == "__main__":

@@ -83,7 +83,7 @@ def test_count_equals_enumeration(ops, two_backends):
 def test_ranked_is_ordered_and_optimal(ops, seed):
     g = build(ops)
     ps = Paths(g, backends=NT, decompose=False, cost_model=PlantedCosts(seed))
-    costs = [p.cost for p in itertools.islice(ps.ranked(), 20)]
+    costs = [p.cost for p in itertools.islice(ps.ranked(distinct=False), 20)]
     assert costs == sorted(costs)
     brute = sorted(p.cost for p in ps)
     assert costs[0] == pytest.approx(brute[0])
@@ -94,7 +94,7 @@ def test_ranked_with_decompositions_matches_brute_force():
     g = tgx.make_graph(lambda x: tnp.exp(tnn.softmax(x, axis=-1)))(S((4, 8)))
     ps = Paths(g, backends=["numpy"], cost_model=PlantedCosts(7))
     all_costs = sorted(p.cost for p in ps)
-    got = [p.cost for p in ps.ranked()]
+    got = [p.cost for p in ps.ranked(distinct=False)]
     assert got == pytest.approx(all_costs)
     assert len(got) == ps.count()
 
@@ -236,3 +236,124 @@ def test_plan_load_fails_when_kernel_source_changed():
     d["decisions"][0]["backend"] = "nowhere"
     with pytest.raises(SerializationError, match="not available"):
         plan_from_bytes(msgpack.packb(d, use_bin_type=True))
+
+
+# -- backend-switch penalties: the same plan cost as selection -----------------------------
+from tgx.planning.cost_model import CostModel  # noqa: E402
+from tgx.planning.selection import select  # noqa: E402
+
+
+class SwitchCosts(CostModel):
+    """PlantedCosts plus a planted penalty per backend switch (as `CostModel.switch`), in a
+    `CostModel` so selection can use it too (no store: nothing excluded)."""
+
+    def __init__(self, seed=0, scale=1.0):
+        super().__init__()
+        self.planted = PlantedCosts(seed)
+        self.scale = scale
+
+    def kernel(self, eqn, kernel, dims):
+        return self.planted.kernel(eqn, kernel, dims)
+
+    def transfer(self, aval, src, dst, dims):
+        if src == dst:
+            return Estimate(0.0, "cost model")
+        return self.planted.transfer(aval, src, dst, dims)
+
+    def switch(self, src, dst):
+        return 0.0 if src == dst else self.scale * self.planted._t("switch", src, dst)
+
+
+def plan_cost_by_hand(p, cm) -> float:
+    """Kernels + transfers + switches between consecutive kernels and last → first."""
+    bs = [s.option.backend for s in p.steps]
+    t = sum(s.estimate.seconds + sum(x[-1].seconds for x in s.transfers) for s in p.steps)
+    t += sum(x[-1].seconds for x in p.final_transfers)
+    t += sum(cm.switch(a, b) for a, b in zip(bs, bs[1:] + bs[:1])) if len(bs) > 1 else 0.0
+    return t
+
+
+ATOMIC = ["exp", "neg", "add", "mul", "matmul"]  # no decompositions: same space as selection
+atomic_programs = st.lists(st.tuples(st.sampled_from(ATOMIC), st.integers(0, 5)), min_size=1,
+                           max_size=4)
+
+
+@settings(max_examples=10, deadline=None)
+@given(programs, st.integers(0, 3))
+def test_ranked_with_switch_penalties_matches_brute_force(ops, seed):
+    g = build(ops)
+    cm = SwitchCosts(seed)
+    ps = Paths(g, backends=NT, decompose=False, cost_model=cm)
+    everything = list(ps)
+    for p in everything:
+        assert p.cost == pytest.approx(plan_cost_by_hand(p, cm), rel=1e-12)
+    assert all((p.switch_s > 0) == (len(p.backends()) > 1) for p in everything)
+    costs = [p.cost for p in itertools.islice(ps.ranked(distinct=False), 20)]
+    assert costs == sorted(costs)
+    assert costs == pytest.approx(sorted(p.cost for p in everything)[:20])
+
+
+@settings(max_examples=15, deadline=None)
+@given(atomic_programs, st.integers(0, 5), st.sampled_from([0.2, 1.0, 20.0]))
+def test_best_path_cost_equals_selection_total(ops, seed, scale):
+    # Same option space: atomic primitives only (no decompositions: selection would solve one
+    # with all sub-equations on one backend, paths mixes them) and no pattern kernels;
+    # selection keeps the fastest kernel per backend, which is the best variant in paths.
+    g = build(ops)
+    assert all(e.primitive.decomposition is None for e in g.eqns)
+    cm = SwitchCosts(seed, scale)
+    backends = ["numpy", "torch", "jax"]
+    best = Paths(g, backends=backends, decompose=False, patterns=False, cost_model=cm).best()
+    sel = select(g, backends, cm, {})
+    assert best.cost == pytest.approx(sel.total, rel=1e-9)
+    assert [s.option.backend for s in best.steps] == [c.backend for c in sel.choices] or \
+        best.cost == pytest.approx(sel.total, rel=1e-9)  # ties may pick other backends
+
+
+def test_switch_penalties_steer_ranking_to_one_backend():
+    # torch kernels are cheaper one by one, the exp on numpy is cheaper still, but going
+    # numpy → torch → numpy costs two switches: the best plan stays on torch.
+    g = tgx.make_graph(lambda x: tnp.exp(x @ x) * 2.0)(S((8, 8)))
+
+    class Costs(SwitchCosts):
+        def kernel(self, eqn, kernel, dims):
+            cheap = 1e-6 if eqn.primitive.name == "exp" else 5e-6
+            return Estimate(cheap if kernel.backend == "numpy" and eqn.primitive.name == "exp"
+                            else 2e-6 if kernel.backend == "torch" else 9e-6, "cost model")
+
+        def switch(self, src, dst):
+            return 0.0 if src == dst else 1e-3
+
+        def transfer(self, aval, src, dst, dims):
+            return Estimate(0.0 if src == dst else 1e-6, "cost model")
+
+    ps = Paths(g, backends=NT, decompose=False, patterns=False, cost_model=Costs())
+    best = ps.best()
+    assert best.backends() == ["torch"]
+    assert best.switch_s == 0.0
+    mixed = next(p for p in ps.ranked() if len(p.backends()) == 2)
+    assert mixed.switch_s == pytest.approx(2e-3)
+    assert "backend switches" in mixed.summary()
+
+
+def _class_key(p):
+    return tuple((t.get("d"), t.get("name"), t.get("backend"), tuple(t.get("m", ())))
+                 for t in p.tokens())
+
+
+def test_ranked_distinct_by_default():
+    g = tgx.make_graph(lambda x, y: tnp.exp(x + y) * y)(S((16, 16)), S((16, 16)))
+    ps = Paths(g, backends=NT, cost_model=PlantedCosts(3))
+    every = list(ps.ranked(distinct=False))
+    assert len(every) == ps.count()
+    distinct = list(ps.ranked())
+    keys = [_class_key(p) for p in distinct]
+    assert len(keys) == len(set(keys))                     # no near-duplicates
+    assert set(keys) == {_class_key(p) for p in every}     # every class still there
+    assert len(distinct) < len(every)                      # variants exist (e.g. [out])
+    best_of = {}
+    for p in every:
+        best_of.setdefault(_class_key(p), p.cost)          # first = cheapest of its class
+    for p in distinct:
+        assert p.cost == pytest.approx(best_of[_class_key(p)])
+    assert [p.cost for p in distinct] == sorted(p.cost for p in distinct)

@@ -13,9 +13,13 @@ carry no choice, and a value is never copied back to where it already is.
 - `paths.count()`: exact, from the choice structure (sum over options, product over
   equations, sum over compatible sets of pattern occurrences) — no enumeration.
 - `iter(paths)`: `PathPlan`s, lazily, depth first.
-- `paths.ranked()`: best predicted first, by A* over the decisions in topological order;
-  the heuristic (Σ of each remaining equation's cheapest choice, transfers left out) never
-  overestimates, so plans come out in non-decreasing predicted cost without enumerating.
+- `paths.ranked()`: best predicted first, by A* over the decisions in topological order.
+  A plan costs Σ kernels + Σ transfers + Σ backend-switch penalties (`CostModel.switch`
+  between consecutive kernels, and from the last back to the first: what selection charges);
+  the heuristic (Σ of each remaining equation's cheapest choice, transfers and penalties
+  (≥ 0) left out) never overestimates, so plans come out in non-decreasing predicted cost
+  without enumerating. By default one plan per backend assignment and decomposition/pattern
+  choices (its kernels' best variants); `ranked(distinct=False)` yields every variant.
 - filters: `backends=`, `max_transfers=`, `decompose=False` (decompose only equations no kernel
   accepts), `patterns=False`, `kernels_only=` (kernel names/reprs, or a predicate on `Kernel`).
 
@@ -220,6 +224,7 @@ class Step:
     estimate: Any
     transfers: tuple
     depth: int
+    switch: float = 0.0       # backend-switch penalty paid entering this step (seconds)
 
 
 @dataclass
@@ -249,10 +254,13 @@ class _State:
     history: Any = None       # linked list of events (event, previous)
     final: tuple = ()         # transfers of the outputs back to NumPy
     done: bool = False
+    first: str | None = None  # backend of the first kernel (the wrap-around's target)
+    prev: str | None = None   # backend of the last kernel so far
+    wrap: float = 0.0         # switch penalty from the last kernel back to the first
 
     def copy(self) -> _State:
         return _State(self.frames, dict(self.alias), dict(self.loc), self.cost, self.ntransfers,
-                      self.history, self.final, self.done)
+                      self.history, self.final, self.done, self.first, self.prev)
 
     def h(self) -> float:
         total = 0.0
@@ -296,7 +304,9 @@ class Paths:
             names = set(kernels_only)
             self._keep = lambda k: k.name in names or repr(k) in names
         self.cost = _cost_model(store, cost_model)
+        self._switch = getattr(self.cost, "switch", None)  # None: no switch penalties
         self._estimates: dict = {}
+        self._best_variants: dict = {}
         self._pattern_kernels = self._load_pattern_kernels() if patterns else []
         self.root = Level(graph, self, 0)
         _lower_bounds(self.root, self)
@@ -349,6 +359,20 @@ class Paths:
         e = self._estimates.get(key)
         if e is None:
             e = self._estimates[key] = self.cost.kernel(unit.eqn, option.kernel, self.dims)
+        return e
+
+    def switch(self, src: str | None, dst: str) -> float:
+        """Penalty for a kernel on `dst` right after one on `src` (`CostModel.switch`; 0 when
+        the cost model has none, or at the start)."""
+        if src is None or src == dst or self._switch is None:
+            return 0.0
+        key = ("s", src, dst)
+        e = self._estimates.get(key)
+        if e is None:
+            e = self._estimates[key] = float(self._switch(src, dst))
+            if e < 0:
+                raise TgxError(f"switch penalty {src}→{dst} is negative ({e}): the ranking's "
+                               "heuristic needs penalties ≥ 0")
         return e
 
     def transfer_estimate(self, aval, src: str, dst: str):
@@ -412,6 +436,11 @@ class Paths:
                 st.cost += est.seconds
                 st.ntransfers += 1
         st.final = tuple(final)
+        # the function runs in a loop: the next call's first kernel follows the last one
+        # (as `selection` charges it)
+        if st.prev is not None:
+            st.wrap = self.switch(st.prev, st.first)
+            st.cost += st.wrap
         st.done = True
         return st
 
@@ -422,11 +451,31 @@ class Paths:
         if subset:
             st.history = (("patterns", f.level, subset), st.history)
 
-    def _choices(self, st: _State) -> list:
+    def _choices(self, st: _State, distinct: bool = False) -> list:
         f = st.frames[-1]
         if f.units is None:
             return [("subset", s) for s in f.level.subsets]
-        return [("option", o) for o in f.units[f.pos].options]
+        u = f.units[f.pos]
+        return [("option", o) for o in (self._variants(u) if distinct else u.options)]
+
+    def _variants(self, u: Unit) -> list:
+        """`u`'s options with one kernel per (kind, name, backend): the cheapest variant
+        (the first listed on a tie). Variants differ only in their own estimate — transfers
+        and switch penalties depend on the backend alone — so the best plan of every
+        (backend assignment, decomposition/pattern choices) class uses these only."""
+        hit = self._best_variants.get(id(u))
+        if hit is None:
+            best: dict = {}
+            for o in u.options:
+                if o.kind == "decomposition":
+                    best[("decomposition",)] = o
+                    continue
+                k = (o.kind, o.kernel.name, o.backend)
+                if k not in best or (self.estimate(u, o).seconds
+                                     < self.estimate(u, best[k]).seconds):
+                    best[k] = o
+            hit = self._best_variants[id(u)] = list(best.values())
+        return hit
 
     def _apply(self, st: _State, choice) -> _State | None:
         st = st.copy()
@@ -465,10 +514,14 @@ class Paths:
         if self.max_transfers is not None and st.ntransfers > self.max_transfers:
             return None
         est = self.estimate(u, c)
-        st.cost += est.seconds
+        sw = self.switch(st.prev, b)
+        st.cost += est.seconds + sw
+        if st.first is None:
+            st.first = b
+        st.prev = b
         for v in u.outs:
             st.loc[v.id] = (b,)
-        st.history = (("step", Step(u, c, est, tuple(transfers), len(st.frames) - 1)),
+        st.history = (("step", Step(u, c, est, tuple(transfers), len(st.frames) - 1, sw)),
                       st.history)
         st = self._advance(st)
         if self.max_transfers is not None and st.ntransfers > self.max_transfers:
@@ -504,6 +557,8 @@ class Paths:
         """What the rest of the search depends on: where the walk is, and where every value
         still to be read lives (by the value it resolves to)."""
         parts: list = [f.key() for f in st.frames]
+        if self._switch is not None:  # the penalties still to pay depend on these
+            parts.append((st.first, st.prev))
         if self.max_transfers is not None:
             parts.append(st.ntransfers)
         for f in st.frames:
@@ -516,8 +571,13 @@ class Paths:
                 parts.append((vid, "lit") if isinstance(k, Literal) else (vid, k, st.loc.get(k)))
         return tuple(parts)
 
-    def ranked(self) -> Iterator[PathPlan]:
+    def ranked(self, distinct: bool = True) -> Iterator[PathPlan]:
         """Plans best predicted first (A*; see the module docstring).
+
+        `distinct=True` (default): one plan per (backend assignment, decomposition and
+        pattern choices) — the one with each kernel's cheapest variant — so plans differing
+        only in a variant (`add[out]@torch` vs `add@torch`) do not flood the top.
+        `distinct=False`: every plan.
 
         Partial plans with the same signature (same position, same locations of every value
         still needed) have the same completions, so each signature is expanded at most
@@ -548,7 +608,7 @@ class Paths:
                 continue
             pops[sig] = n + 1
             depth = _depth(st)
-            for c in self._choices(st):
+            for c in self._choices(st, distinct):
                 child = self._apply(st, c)
                 if child is not None:
                     heapq.heappush(heap, (child.cost + child.h(), -depth - 1, next(tie), child))
@@ -716,6 +776,9 @@ class PathPlan:
         self.final_transfers = state.final
         self.cost = state.cost
         self.ntransfers = state.ntransfers
+        self.wrap_s = state.wrap
+        # backend-switch penalties (between consecutive kernels, and last → first)
+        self.switch_s = sum(s.switch for s in self.steps) + state.wrap
         self.measured_s: float | None = None
         self._plan = None
 
@@ -746,6 +809,9 @@ class PathPlan:
             for aval, src, dst, est in s.transfers:
                 rows.append(("", "  copy_to", f"{aval.str_short()} {src}→{dst}", dst,
                              _fmt_s(est.seconds), est.source))
+            if s.switch:
+                rows.append(("", "  switch", f"→ {s.option.backend}", s.option.backend,
+                             _fmt_s(s.switch), "cost model"))
             rows.append((str(n), "  " * s.depth + s.unit.label, f"{s.option.kind} "
                          f"{s.option.kernel!r}", s.option.backend, _fmt_s(s.estimate.seconds),
                          s.estimate.source))
@@ -753,10 +819,15 @@ class PathPlan:
         for aval, src, dst, est in self.final_transfers:
             rows.append(("", "copy_to", f"{aval.str_short()} {src}→{dst}", dst,
                          _fmt_s(est.seconds), est.source))
+        if self.wrap_s:
+            rows.append(("", "switch", f"{self.steps[-1].option.backend}→"
+                         f"{self.steps[0].option.backend} (next call)",
+                         self.steps[0].option.backend, _fmt_s(self.wrap_s), "cost model"))
         widths = [max(len(r[i]) for r in rows) for i in range(6)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         head = (f"PathPlan: {len(self.steps)} kernels, {self.ntransfers} transfers, predicted "
                 f"{_fmt_s(self.cost)}"
+                + (f" ({_fmt_s(self.switch_s)} backend switches)" if self.switch_s else "")
                 + (f", measured {_fmt_s(self.measured_s)}" if self.measured_s else ""))
         return "\n".join([head, *lines])
 
@@ -943,7 +1014,7 @@ def paths(fn, **options):
     Options (given to either call): `backends`, `store`, `dims` (values of symbolic dims for
     costing, default 64), `max_transfers`, `decompose`, `patterns`, `kernels_only`,
     `cost_model` (an object with `kernel(eqn, kernel, dims)` and `transfer(aval, src, dst,
-    dims)`).
+    dims)`, and optionally `switch(src, dst)`: seconds ≥ 0 per backend switch).
 
     >>> import tgx, tgx.numpy as tnp
     >>> tgx.paths(lambda x: tnp.exp(x))(tgx.Spec((4,)), backends=["numpy"]).count()
