@@ -28,6 +28,7 @@ import tgx  # noqa: E402
 from tgx.io import flatten_names, unflatten_names  # noqa: E402
 from tgx.planning.cost_model import CostModel  # noqa: E402
 from tgx.planning.policies import explore, unmeasured  # noqa: E402
+from tgx.planning.recipes import measure_recipes  # noqa: E402
 from tgx.store import environment_id, sniff_environment  # noqa: E402
 
 BACKENDS = ["numpy", "torch", "jax"]
@@ -129,6 +130,12 @@ def main(argv=None) -> None:
         left = len(todo) - n
         print(f"recorded {n} traces in {time.perf_counter() - t:.1f} s"
               + (f"; {left} left for the next run" if left else ""))
+    t = time.perf_counter()
+    weights = tuple(range(len(graph.invars) - 1))  # every input but the tokens is a weight
+    n = measure_recipes(graph, BACKENDS, store, dims, budget_s=0.3, weights=weights)
+    if n:
+        print(f"measured the whole model on each backend as one plan (one jax.jit for JAX): "
+              f"{n} traces in {time.perf_counter() - t:.1f} s")
 
     section("Compile (policy FASTEST) and run")
     fastest = tgx.compile(model, policy="fastest", backends=BACKENDS, store=store,

@@ -204,6 +204,7 @@ def _measured_plan(graph, policy, backends, memory_budget, return_backend_arrays
                    store, tolerance, dims, weights=()) -> Plan:
     from .planning.cost_model import CostModel
     from .planning.policies import explore, flag_pending, heuristic_cost
+    from .planning.recipes import best_recipe, measure_recipes
     from .planning.selection import realize, select
     from .store import BenchmarkStore
 
@@ -212,8 +213,22 @@ def _measured_plan(graph, policy, backends, memory_budget, return_backend_arrays
     cm = CostModel(store, tolerance=tolerance)
     if policy == "explore":
         explore(graph, backends, store, cm, dims)
+        measure_recipes(graph, backends, store, dims, env_id=cm.env_id, weights=weights)
     sel = select(graph, backends, cm, dims, weights=weights)
     h_cost = heuristic_cost(graph, backends, cm, dims, weights) if tolerance is None else None
+    # A whole graph on one backend, measured as a whole (one jax.jit for JAX), beats the sum of
+    # per-equation figures when it was measured faster than the selection's prediction.
+    recipe = (best_recipe(graph, backends, store, dims, cm.env_id, weights)
+              if tolerance is None else None)
+    if recipe is not None and recipe[1] < min(sel.total, h_cost or sel.total):
+        plan = plan_graph(graph, policy="heuristic", backends=[recipe[0]],
+                          memory_budget=memory_budget,
+                          return_backend_arrays=return_backend_arrays, in_names=in_names,
+                          weights=weights)
+        plan.policy = (f"{policy} (whole graph on {recipe[0]}: measured "
+                       f"{recipe[1] * 1e6:.0f} us < predicted {sel.total * 1e6:.0f} us)")
+        plan.predicted_s, plan.dims = recipe[1], dims
+        return plan
     if h_cost is not None and h_cost < sel.total * (1 - 1e-9):
         plan = plan_graph(graph, policy="heuristic", backends=backends,
                           memory_budget=memory_budget,
