@@ -431,36 +431,29 @@ def _prod_dims(dims):
     return as_dim(out) if not isinstance(out, int) else out
 
 
-def argmax(x, axis=None, keepdims=False):
-    """Index of the first maximum (flattened when `axis` is None), as int64."""
+def _arg_reduce(prim, x, axis, keepdims):
     a = _aval(x)
     if axis is None:
         x = reshape(x, (-1,))
         axis = 0
-    axis = canonicalize_axis(axis, _aval(x).ndim, "argmax")
-    out = P.argmax_p.bind(x, axis=axis, index_dtype=DEFAULT_INT)
+    axis = canonicalize_axis(axis, _aval(x).ndim, prim.name)
+    out = prim.bind(x, axis=axis, index_dtype=DEFAULT_INT)
     if keepdims:
         shape = list(a.shape) if a.ndim else []
         if shape:
             shape[axis] = 1
         out = reshape(out, tuple(shape))
     return out
+
+
+def argmax(x, axis=None, keepdims=False):
+    """Index of the first maximum (flattened when `axis` is None), as int64."""
+    return _arg_reduce(P.argmax_p, x, axis, keepdims)
 
 
 def argmin(x, axis=None, keepdims=False):
     """Index of the first minimum (flattened when `axis` is None), as int64 (composite)."""
-    a = _aval(x)
-    if axis is None:
-        x = reshape(x, (-1,))
-        axis = 0
-    axis = canonicalize_axis(axis, _aval(x).ndim, "argmin")
-    out = P.argmin_p.bind(x, axis=axis, index_dtype=DEFAULT_INT)
-    if keepdims:
-        shape = list(a.shape) if a.ndim else []
-        if shape:
-            shape[axis] = 1
-        out = reshape(out, tuple(shape))
-    return out
+    return _arg_reduce(P.argmin_p, x, axis, keepdims)
 
 
 # ---------------------------------------------------------------------------------------------
