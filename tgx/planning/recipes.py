@@ -26,18 +26,27 @@ RECIPE_NAME = "whole-graph-on-one-backend"
 RECIPE_VERSION = "1"  # bump when the lowering of single-backend plans changes
 
 
-def _keys(graph, dims: dict, backend: str, weights: Sequence[int] = ()) -> tuple[str, str, str]:
+def _graph_keys(graph, dims: dict) -> tuple[str, str]:
+    """(graph hash, workload key) of the whole graph at `dims`: the same for every backend."""
     from ..graph import structural_hash
     from ..shapes import eval_dim, sym
-    from ..store.schema import implementation_key, workload_key
+    from ..store.schema import workload_key
 
     env = {sym(str(k)): int(v) for k, v in dims.items()}
     inputs = [([eval_dim(d, env) for d in v.aval.shape], v.aval.dtype.name)
               for v in graph.invars]
     ghash = structural_hash(graph)
-    axes = {str(k): int(v) for k, v in dims.items()}
-    return (ghash, workload_key(ghash, axes, inputs),
-            implementation_key("GRAPH_RECIPE", _name(weights), backend, RECIPE_VERSION))
+    return ghash, workload_key(ghash, {str(k): int(v) for k, v in dims.items()}, inputs)
+
+
+def _impl_key(backend: str, weights: Sequence[int] = ()) -> str:
+    from ..store.schema import implementation_key
+
+    return implementation_key("GRAPH_RECIPE", _name(weights), backend, RECIPE_VERSION)
+
+
+def _keys(graph, dims: dict, backend: str, weights: Sequence[int] = ()) -> tuple[str, str, str]:
+    return (*_graph_keys(graph, dims), _impl_key(backend, weights))
 
 
 def _name(weights: Sequence[int]) -> str:
@@ -54,9 +63,9 @@ def best_recipe(graph, backends: Sequence[str], store, dims: dict,
 
     env_id = env_id or environment_id(sniff_environment())
     best = None
+    ghash, wkey = _graph_keys(graph, dims)  # hashed once, not once per backend
     for b in backends:
-        ghash, wkey, impl = _keys(graph, dims, b, weights)
-        t = store.measured(ghash, impl, wkey, env_id)
+        t = store.measured(ghash, _impl_key(b, weights), wkey, env_id)
         if t and t.get("status") == "PASSED" and t.get("median_s") is not None:
             if best is None or t["median_s"] < best[1]:
                 best = (b, float(t["median_s"]))
@@ -93,8 +102,9 @@ def measure_recipes(graph, backends: Sequence[str], store, dims: dict, *,
     scale = max((float(np.max(np.abs(o))) for o in golden if np.size(o)), default=1.0)
     atol, rtol = 1e-3 * scale, 1e-2
     n = 0
+    ghash, wkey = _graph_keys(graph, dims)
     for b in backends:
-        ghash, wkey, impl = _keys(graph, dims, b, weights)
+        impl = _impl_key(b, weights)
         if store.measured(ghash, impl, wkey, env_id):
             continue
         plan = plan_graph(graph, policy="heuristic", backends=[b], weights=tuple(weights))
