@@ -276,3 +276,18 @@ def test_progress_bar_only_on_a_tty_unless_forced(monkeypatch):
         p.update("job")
     p.close()
     assert "3/3" in out.getvalue() and "#" * 30 in out.getvalue()
+
+
+def test_relative_error_ignores_elements_near_a_zero_crossing():
+    # an output of magnitude 1 computed in float32 carries ~1e-8 absolute error everywhere,
+    # also on an element that is ~0 through cancellation (x - y with x ≈ y): its relative
+    # error is meaningless and is judged by the absolute error instead (REL_FLOOR)
+    golden = np.array([1.0, -0.5, 2e-6, 1e-5, 0.25])
+    got = (golden + 1e-8).astype(np.float32)
+    acc = accuracy(got, golden)
+    assert acc.passed
+    naive = float((np.abs(got - golden) / np.abs(golden))[np.abs(golden) > 1e-6].max())
+    assert acc.max_rel_err < 1e-6 < 1e-3 < naive
+    # a real relative error on the large elements is still reported
+    bad = golden.astype(np.float32) * np.float32(1.01)
+    assert accuracy(bad, golden).max_rel_err == pytest.approx(0.01, rel=1e-3)

@@ -14,6 +14,12 @@ from tgx.store import Status
 #: |ref| below this is "near zero": excluded from the relative error, and the absolute
 #: part of the pass criterion ``|actual - golden| <= atol + rtol * |golden|``.
 DEFAULT_ATOL = {"float64": 1e-12, "float32": 1e-6, "float16": 1e-3, "bfloat16": 1e-2}
+#: The relative error counts elements whose |ref| is at least this fraction of the output's
+#: largest |ref| (and above atol): next to a zero crossing cancellation makes an element's
+#: relative error meaningless (sin near π: a 1e-8 absolute error is 1e-3 relative), and such
+#: elements are judged by the absolute error. Without the floor `tolerance=` would exclude
+#: every accurate kernel whose output crosses zero.
+REL_FLOOR = 1e-3
 #: Relative tolerance of the pass criterion.
 DEFAULT_RTOL = {"float64": 1e-9, "float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 
@@ -168,7 +174,7 @@ def accuracy(actual: Any, golden: Any, dtype: Any = None, *, atol: float | None 
             continue
         diff = np.abs(a64 - g64)
         max_abs = max(max_abs, float(diff.max()))
-        big = np.abs(g64) > at
+        big = np.abs(g64) > max(at, REL_FLOOR * float(np.abs(g64).max()))
         if big.any():
             max_rel = max(max_rel, float((diff[big] / np.abs(g64[big])).max()))
         # ULPs measured at the smaller magnitude of actual and golden-rounded-to-dtype, so
