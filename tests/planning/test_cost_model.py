@@ -79,3 +79,21 @@ def test_transfer_costs():
     assert cm.transfer(a, "numpy", "jax", {}).seconds > cm.transfer(a, "numpy", "torch",
                                                                      {}).seconds
     assert np.isfinite(cm.transfer(a, "torch", "jax", {}).seconds)
+
+
+def test_jax_equations_are_priced_inside_a_region(store):
+    # a measured one-op jax call = dispatch + work; inside a region only the work is paid,
+    # and entering jax from another backend pays the dispatch once
+    g = tgx.make_graph(lambda x: tnp.exp(x))(tgx.Spec(("N",)))
+    k = next(k for k in kernels_for("exp", "jax") if k.variant == "default")
+    cm = CostModel(store)
+    ovh = cm.backend_costs["jax"][0]
+    plant(store, cm, g.eqns[0], k, 1000, 20e-6)
+    cm = CostModel(store)
+    assert cm.kernel(g.eqns[0], k, {"N": 1000}).seconds == pytest.approx(20e-6 - ovh)
+    assert cm.switch("numpy", "jax") >= ovh
+    assert cm.switch("jax", "jax") == 0.0
+    # a chain of n jax ops costs one dispatch plus n works, not n dispatches
+    n = 5
+    chain = cm.switch("numpy", "jax") + n * cm.kernel(g.eqns[0], k, {"N": 1000}).seconds
+    assert chain < n * 20e-6

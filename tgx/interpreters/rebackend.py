@@ -25,6 +25,7 @@ from ..core import Eqn, Graph, Literal, Var
 from ..errors import KernelError
 from ..primitives.transfer import copy_to_p
 from ..tracing import GraphBuilder
+from .schedule import region_order
 
 HOST = "numpy"
 
@@ -127,12 +128,10 @@ def rebackend(graph: Graph, assign: Mapping[int, str] | Callable[[Eqn], str] | s
                       (v if isinstance(v, Literal) else next(iter(where[v.id].values())))
                       for v in graph.outvars]
         g = b.build([t.variable for t in args], out_leaves, graph.in_tree, graph.out_tree)
-    # transfers of inputs and constants first: they depend on nothing, and a run of equations
-    # on one backend then stays contiguous (one jax.jit region)
+    # the schedule: transfers of inputs and constants first, and JAX work kept together so
+    # that each connected group of JAX equations lowers to one jax.jit (see schedule.py)
     roots = {v.id for v in (*g.invars, *g.constvars)}
-    first = [i for i, e in enumerate(g.eqns) if e.primitive is copy_to_p
-             and isinstance(e.invars[0], Var) and e.invars[0].id in roots]
-    order = first + [i for i in range(len(g.eqns)) if i not in set(first)]
+    order = region_order(g.eqns, backends, roots)
     return BackendGraph(g.constvars, g.consts, g.invars, g.outvars, [g.eqns[i] for i in order],
                         g.in_tree, g.out_tree, backends=[backends[i] for i in order])
 
