@@ -10,6 +10,7 @@ medians of repeated runs after warm-up, on whatever CPU this runs on.
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import sys
 import time
@@ -220,15 +221,18 @@ def bench_models(quick=False):
             ("transformer block", lambda p, x, c, s: block(p, x, c, s), (pb, xb, cos, sin), brefs)):
         ref_times = {k: v() for k, v in ref_fns.items()}
         print(f"\n{model}: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in ref_times.items()))
-        for name, backends in plans:
-            f = tgx.compile(fn, backends=backends)
+        # "+w": the parameters bound once as weights (tgx.compile(weights=...)), as the
+        # peers' arrays already live in their library (jax.jit's on device)
+        for (name, backends), bound in itertools.product(plans, (False, True)):
+            f = tgx.compile(fn, backends=backends, weights="p" if bound else None)
             out = f(*args)
             if model == "transformer block":
                 np.testing.assert_allclose(out, want, rtol=2e-3, atol=2e-3)
             tt = timeit(f, *args)
             ratios = "  ".join(f"/{k} {tt / v:5.2f}x" for k, v in ref_times.items())
-            print(f"  tgx {name:<10} {tt * 1e3:8.3f} ms   {ratios}")
-            rows.append((model, name, tt, ref_times))
+            label = name + ("+w" if bound else "")
+            print(f"  tgx {label:<12} {tt * 1e3:8.3f} ms   {ratios}")
+            rows.append((model, label, tt, ref_times))
         plan = tgx.compile(fn, backends=["numpy"]).lower(*args)
         mem = plan.memory
         ws = mem.peak().get("cpu", 0)

@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "nn": "tgx.nn",
     "random": "tgx.random",
+    "lax": "tgx.lax",
     "structural_hash": "tgx.graph",
     "canonicalize": "tgx.graph",
     "equivalent": "tgx.graph",
@@ -51,7 +52,8 @@ def __getattr__(name: str):
     if module is None:
         raise AttributeError(f"module 'tgx' has no attribute {name!r}")
     mod = importlib.import_module(module)
-    value = mod if module.endswith("." + name) and name in ("nn", "random") else getattr(mod, name)
+    is_module = module.endswith("." + name) and name in ("nn", "random", "lax")
+    value = mod if is_module else getattr(mod, name)
     globals()[name] = value
     return value
 

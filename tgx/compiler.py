@@ -19,7 +19,7 @@ from typing import Any
 
 
 from .core import Graph
-from .errors import BindingError, OutOfMemory
+from .errors import BindingError, DTypeError, OutOfMemory, ShapeError, TgxError
 from .interpreters.lower import OWNED, lower
 from .interpreters.rebackend import BackendGraph, rebackend
 from .planning.memory import format_bytes
@@ -27,8 +27,10 @@ from .planning.candidates import accepted_kernels
 from .planning.policies import (
     HINT, assign_backends, check_backends, choose_kernels, decompose_unsupported, primary_backend,
 )
-from .shapes import ShapedArray, Spec, aval_of, free_symbols, shape_str
-from .tracing import leaf_names, trace_to_graph, tree_flatten, tree_unflatten
+from .shapes import ShapedArray, Spec, aval_of, free_symbols, shape_str, shapes_provably_equal
+from .tracing import (
+    leaf_names, trace_to_graph, tree_flatten, tree_structure_str, tree_unflatten,
+)
 
 POLICIES = ("heuristic", "fastest", "explore")
 
@@ -83,6 +85,7 @@ class Plan:
         self.memory_budget = memory_budget
         self.return_backend_arrays = return_backend_arrays
         compiled.memory_budget = memory_budget
+        compiled.state_backend_arrays = return_backend_arrays
 
     @property
     def memory(self):
@@ -135,13 +138,24 @@ class Plan:
             at = ", ".join(f"{k}={v}" for k, v in self.dims.items()) or "static shapes"
             lines.append(f"predicted {self.predicted_s * 1e6:.1f} µs at {at}")
         lines.append("equations:")
+        inplace = {j for ins in self.compiled.instructions if "[inplace]" in ins.label
+                   for j in ins.eqns}
         for i, (e, k) in enumerate(zip(self.graph.eqns, self.kernels)):
             fig = ""
             if self.estimates is not None and self.estimates[i] is not None:
                 est = self.estimates[i]
                 fig = f"  # {est.seconds * 1e6:.2f} µs {est.source}" + (
                     f" ({est.detail})" if est.source == "measured" else "")
+            if i in inplace:
+                fig += ", in place (state)" if fig else "  # in place (state)"
             lines.append(f"  {i:>3} {k!r:<28} {pp_eqn(e, name)}{fig}")
+        cg = self.compiled
+        if cg.state:
+            lines.append(f"state: {len(cg.state)} buffer(s), the caller's arrays")
+            for (a, o, copy), why in zip(cg.state, cg.state_reasons):
+                how = (f"copied in once per call ({why})" if copy else
+                       "updated in place (the [inplace] instructions write only their window)")
+                lines.append(f"  {cg.in_names[a]} -> output {o}: {how}")
         tr = self.transfers()
         total = sum((b for _, _, b in tr), 0)
         lines.append(f"transfers: {len(tr)}" + (f", {total} bytes in all" if tr else ""))
@@ -177,11 +191,13 @@ def plan_graph(graph: Graph, *, policy: str = "fastest", backends: Sequence[str]
                memory_budget=None, return_backend_arrays: bool = False,
                in_names: Sequence[str] | None = None, store=None,
                tolerance: float | None = None, dims: Mapping[str, int] | None = None,
-               weights: Sequence[int] = ()) -> Plan:
+               weights: Sequence[int] = (), state: Sequence[tuple[int, int]] = ()) -> Plan:
     """Choose a kernel per equation of `graph`, insert transfers, lower: a `Plan`.
 
     `weights`: indices of the graph inputs that are weights (converted to their backends once
-    per bound array object, accounted as persistent; see `Compiled`).
+    per bound array object, accounted as persistent; see `Compiled`). `state`: (input index,
+    output index) pairs: the output is the input's new value, written into the caller's array
+    (in place where the lowering can; see `tgx.compile`).
 
     "fastest" and "explore" choose at the concrete binding `dims` (default: every symbol at
     64) with `store` (default: `BenchmarkStore()`).
@@ -190,54 +206,76 @@ def plan_graph(graph: Graph, *, policy: str = "fastest", backends: Sequence[str]
         raise ValueError(f"unknown policy {policy!r} (expected one of {POLICIES})")
     backends = check_backends(backends)
     if policy != "heuristic":
-        return _measured_plan(graph, policy, backends, memory_budget, return_backend_arrays,
+        plan = _measured_plan(graph, policy, backends, memory_budget, return_backend_arrays,
                               in_names, store, tolerance, dims, weights)
+        if state:  # the measured selection lowers without state: lower its choice again
+            plan.compiled = lower(plan.graph, plan.kernels, in_names=in_names, weights=weights,
+                                  state=state)
+            plan.compiled.memory_budget = memory_budget
+            plan.compiled.state_backend_arrays = return_backend_arrays
+        return plan
     g = decompose_unsupported(graph, backends, primary_backend(backends))
     assign = assign_backends(g, backends)
     bg = rebackend(g, assign, outputs=None if return_backend_arrays else "numpy")
     kernels = choose_kernels(bg, bg.backends)
-    cg = lower(bg, kernels, in_names=in_names, weights=weights)
+    cg = lower(bg, kernels, in_names=in_names, weights=weights, state=state)
     return Plan(graph, bg, kernels, cg, policy, memory_budget, return_backend_arrays)
 
 
 def _measured_plan(graph, policy, backends, memory_budget, return_backend_arrays, in_names,
                    store, tolerance, dims, weights=()) -> Plan:
     from .planning.cost_model import CostModel
-    from .planning.policies import explore, flag_pending, heuristic_cost
-    from .planning.recipes import best_recipe, measure_recipes
-    from .planning.selection import realize, select
+    from .planning.policies import explore, heuristic_cost
+    from .planning.recipes import (
+        candidate_plans, measure_plans, measured_plans, plan_from_payload,
+    )
+    from .planning.selection import select
+    from .serialize import SerializationError
     from .store import BenchmarkStore
 
     dims = dict(dims) if dims else _default_dims(graph)
     store = BenchmarkStore() if store is None else store
     cm = CostModel(store, tolerance=tolerance)
+    kw = dict(in_names=in_names, weights=weights, memory_budget=memory_budget,
+              return_backend_arrays=return_backend_arrays)
     if policy == "explore":
         explore(graph, backends, store, cm, dims)
-        measure_recipes(graph, backends, store, dims, env_id=cm.env_id, weights=weights)
+        cm = CostModel(store, tolerance=tolerance)  # with what explore just measured
+        measure_plans(graph, candidate_plans(graph, backends, cm, dims, weights=weights),
+                      store, dims, env_id=cm.env_id, weights=weights)
+    # Whole plans measured as a whole beat any sum of per-equation figures (recipes.py).
+    # With a tolerance the per-kernel errors decide, so measured plans are not used.
+    for m in measured_plans(graph, backends, store, dims, cm.env_id, weights) \
+            if tolerance is None else ():
+        try:
+            plan = plan_from_payload(m.payload, graph, policy=policy, **kw)
+        except SerializationError:  # a kernel changed since: the next one
+            continue
+        plan.policy = f"{policy} (measured plan {m.label}: {m.median_s * 1e6:.0f} us)"
+        plan.predicted_s, plan.dims = m.median_s, dims
+        return plan
     sel = select(graph, backends, cm, dims, weights=weights)
     h_cost = heuristic_cost(graph, backends, cm, dims, weights) if tolerance is None else None
-    # A whole graph on one backend, measured as a whole (one jax.jit for JAX), beats the sum of
-    # per-equation figures when it was measured faster than the selection's prediction.
-    recipe = (best_recipe(graph, backends, store, dims, cm.env_id, weights)
-              if tolerance is None else None)
-    if recipe is not None and recipe[1] < min(sel.total, h_cost or sel.total):
-        plan = plan_graph(graph, policy="heuristic", backends=[recipe[0]],
-                          memory_budget=memory_budget,
-                          return_backend_arrays=return_backend_arrays, in_names=in_names,
-                          weights=weights)
-        plan.policy = (f"{policy} (whole graph on {recipe[0]}: measured "
-                       f"{recipe[1] * 1e6:.0f} us < predicted {sel.total * 1e6:.0f} us)")
-        plan.predicted_s, plan.dims = recipe[1], dims
-        return plan
     if h_cost is not None and h_cost < sel.total * (1 - 1e-9):
         plan = plan_graph(graph, policy="heuristic", backends=backends,
                           memory_budget=memory_budget,
-                          return_backend_arrays=return_backend_arrays, in_names=in_names)
+                          return_backend_arrays=return_backend_arrays, in_names=in_names,
+                          weights=weights)
         plan.policy = f"{policy} (heuristic plan: cheaper by the cost model)"
         plan.predicted_s, plan.dims = h_cost, dims
         return plan
+    return selection_plan(graph, sel, cm, dims, policy, store=store, **kw)
+
+
+def selection_plan(graph, sel, cm, dims, policy: str, *, store=None, in_names=None,
+                   weights=(), memory_budget=None, return_backend_arrays: bool = False) -> Plan:
+    """The `Plan` of a `Selection` (per-equation choices), with each step's estimate.
+    Under "fastest", unmeasured choices are flagged in `store` for the offline profiler."""
+    from .planning.policies import flag_pending
+    from .planning.selection import realize
+
     g, assign, chosen, ests = realize(sel)
-    if policy == "fastest":
+    if policy == "fastest" and store is not None:
         flag_pending(store, cm, g.eqns, chosen, ests, dims)
     bg = rebackend(g, assign, outputs=None if return_backend_arrays else "numpy")
     it = iter(zip(chosen, ests))
@@ -262,7 +300,7 @@ class Compiled:
 
     def __init__(self, fn: Callable, *, policy="fastest", backends=None, dynamic=None,
                  store=None, tolerance=None, memory_budget=None, return_backend_arrays=False,
-                 weights=None):
+                 weights=None, state=None):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (expected one of {POLICIES})")
         functools.update_wrapper(self, fn)
@@ -280,6 +318,8 @@ class Compiled:
         self._plans: dict[Any, Plan] = {}
         self._fast: dict[Any, Plan] = {}  # concrete (tree, shapes, dtypes) -> plan
         self._weight_leaves: dict[Any, tuple] = {}  # tree -> indices of the weight leaves
+        # tree -> per state argument: (name, its leaf indices, its tree structure)
+        self._state_leaves: dict[Any, tuple] = {}
         try:
             self._params = list(inspect.signature(fn).parameters)
         except (TypeError, ValueError):
@@ -289,37 +329,61 @@ class Compiled:
             raise ValueError(f"dynamic names unknown arguments {sorted(unknown)} of "
                              f"{fn.__name__}{inspect.signature(fn)}")
         self.weights = self._weight_names(weights)
+        #: names of the state arguments, in the order the new state is returned
+        self.state = self._arg_names(state, "state")
+        both = self.weights & set(self.state)
+        if both:
+            raise ValueError(f"arguments {sorted(both)} are named both weights (immutable) and "
+                             f"state (updated in place)")
 
     def _weight_names(self, weights) -> frozenset:
         """`weights` (a name, a position, or a tuple of them) as argument names."""
-        if weights is None:
-            return frozenset()
-        if isinstance(weights, (str, int)):
-            weights = (weights,)
-        names = set()
-        for w in weights:
+        return frozenset(self._arg_names(weights, "weights"))
+
+    def _arg_names(self, spec, what: str) -> tuple:
+        """`spec` (a name, a position, or a tuple of them) as argument names, in order."""
+        if spec is None:
+            return ()
+        if isinstance(spec, (str, int)):
+            spec = (spec,)
+        names: list = []
+        for w in spec:
             if isinstance(w, int):
-                names.add(self._params[w] if w < len(self._params) else f"args[{w}]")
+                name = self._params[w] if w < len(self._params) else f"args[{w}]"
             elif self._params and w not in self._params:
-                raise ValueError(f"weights names an unknown argument {w!r} of "
+                raise ValueError(f"{what} names an unknown argument {w!r} of "
                                  f"{getattr(self.fn, '__name__', self.fn)}"
                                  f"{inspect.signature(self.fn)}")
             else:
-                names.add(w)
-        return frozenset(names)
+                name = w
+            if name not in names:
+                names.append(name)
+        return tuple(names)
 
     # -- abstract signature -----------------------------------------------------------------
     def _abstract(self, args, kwargs):
         leaves, tree = tree_flatten((args, kwargs))
-        owners = []
+        owners, structure = [], {}
         for i, a in enumerate(args):
-            n = len(tree_flatten(a)[0])
-            owners += [self._params[i] if i < len(self._params) else f"args[{i}]"] * n
+            sub, td = tree_flatten(a)
+            owner = self._params[i] if i < len(self._params) else f"args[{i}]"
+            owners += [owner] * len(sub)
+            structure[owner] = td
         for k, v in kwargs.items():
-            owners += [k] * len(tree_flatten(v)[0])
+            sub, td = tree_flatten(v)
+            owners += [k] * len(sub)
+            structure[k] = td
         names = leaf_names(tree, len(leaves))
         avals = [self._aval(x, owner, name) for x, owner, name in zip(leaves, owners, names)]
         self._weight_leaves[tree] = tuple(i for i, o in enumerate(owners) if o in self.weights)
+        if self.state:
+            missing = [s for s in self.state if s not in structure]
+            if missing:
+                raise BindingError(f"state names {missing}, which this call of "
+                                   f"{getattr(self.fn, '__name__', self.fn)} does not pass")
+            self._state_leaves[tree] = tuple(
+                (s, tuple(i for i, o in enumerate(owners) if o == s), structure[s])
+                for s in self.state)
         return leaves, tree, tuple(avals), names
 
     def _aval(self, x, owner: str, name: str) -> ShapedArray:
@@ -348,11 +412,13 @@ class Compiled:
                     for d, n in zip(a.shape, getattr(x, "shape", ())):
                         if type(d) is not int and getattr(d, "is_Symbol", False):
                             dims[d.name] = int(n)
+            state = _state_pairs(graph, self._state_leaves.get(tree, ()),
+                                 getattr(self.fn, "__name__", "the function"))
             plan = plan_graph(graph, policy=self.policy, backends=self.backends,
                               memory_budget=self.memory_budget,
                               return_backend_arrays=self.return_backend_arrays, in_names=names,
                               store=self.store, tolerance=self.tolerance, dims=dims,
-                              weights=self._weight_leaves.get(tree, ()))
+                              weights=self._weight_leaves.get(tree, ()), state=state)
             self._plans[key] = plan
         return plan
 
@@ -379,10 +445,66 @@ class Compiled:
         return f"<tgx.compile {getattr(self.fn, '__name__', self.fn)!r}: {len(self._plans)} plans>"
 
 
+def _leaf_paths(td, path: str) -> list[str]:
+    if td.node_type is None:
+        return [path]
+    t = td.node_type[0]
+    return [p for i, c in enumerate(td.children)
+            for p in _leaf_paths(c, f"{path}[{td.aux[i]!r}]" if t is dict else f"{path}[{i}]")]
+
+
+def _same_tree(a, b) -> bool:
+    if (a.node_type is None) != (b.node_type is None):
+        return False
+    if a.node_type is None:
+        return True
+    return (a.node_type[0] is b.node_type[0] and a.aux == b.aux
+            and len(a.children) == len(b.children)
+            and all(_same_tree(x, y) for x, y in zip(a.children, b.children)))
+
+
+def _state_pairs(graph: Graph, info: tuple, fname: str) -> tuple:
+    """(input index, output index) per state leaf, after checking that the function returns
+    `(outputs, new_state)` with `new_state` shaped like the state arguments."""
+    if not info:
+        return ()
+    names = ", ".join(repr(s) for s, _, _ in info)
+    out = tree_unflatten(graph.out_tree, list(range(len(graph.outvars))))
+    if not isinstance(out, (tuple, list)) or len(out) < 2:
+        raise TgxError(f"{fname} is compiled with state={names}: it must return "
+                       f"(outputs, new_state), got one value of structure "
+                       f"{tree_structure_str(graph.out_tree)}")
+    new = out[-1]
+    if len(info) > 1:
+        if not isinstance(new, (tuple, list)) or len(new) != len(info):
+            raise TgxError(f"{fname} is compiled with state=({names}): its last return value "
+                           f"must be a tuple of {len(info)} new states, in that order")
+        parts = list(new)
+    else:
+        parts = [new]
+    pairs = []
+    for (name, leaves, td), part in zip(info, parts):
+        got, got_td = tree_flatten(part)
+        if not _same_tree(td, got_td):
+            raise TgxError(f"{fname}: the new state of {name} has structure "
+                           f"{tree_structure_str(got_td)}, but {name} is "
+                           f"{tree_structure_str(td)}")
+        for path, i, j in zip(_leaf_paths(td, name), leaves, got):
+            want, have = graph.invars[i].aval, graph.outvars[j].aval
+            if want.dtype != have.dtype:
+                raise DTypeError(f"{fname}: the new state {path} is {have.str_short()}, but the "
+                                 f"state argument is {want.str_short()}")
+            if not shapes_provably_equal(want.shape, have.shape):
+                raise ShapeError(f"{fname}: the new state {path} is {have.str_short()}, but the "
+                                 f"state argument is {want.str_short()}")
+            pairs.append((i, j))
+    return tuple(pairs)
+
+
 def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A001
             backends: Sequence[str] | None = None, dynamic: Mapping | None = None,
             store=None, tolerance: float | None = None, memory_budget=None,
-            return_backend_arrays: bool = False, weights=None):
+            return_backend_arrays: bool = False, weights=None, state=None):
     """Compile `fn`: trace per abstract signature, choose kernels, plan buffers, run flat.
 
     Usable as `@tgx.compile` or `@tgx.compile(backends=["torch"], dynamic={"x": {0: "N"}})`.
@@ -397,10 +519,33 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
     identity of the leaf array, and accounted as persistent memory. A new array object is
     bound again (no re-planning); in-place mutation of a bound NumPy array is NOT detected
     (NumPy has no cheap version counter): treat weights as immutable, pass new arrays.
+
+    `state` names the arguments (names or positions, one or a tuple) whose leaves are *state*
+    buffers, such as a KV cache. `fn` must return `(outputs, new_state)`: its last return value
+    has the structure, shapes and dtypes of the state arguments (with several, a tuple of new
+    states in the order `state` lists them); a mismatch is an error at trace time. tgx writes
+    each new state leaf into the caller's array and returns that very array object, so
+    `y, cache = step(x, cache, pos)` reads the same with or without tgx (JAX's buffer
+    donation, but the caller's array keeps its identity). A new state made by
+    `tgx.lax.dynamic_update_slice` of the state argument (a chain of them) on NumPy or torch
+    writes only its window, in place; readers of the old value are scheduled before it.
+    Otherwise (on jax, or another op made the new state) the result is copied into the
+    caller's array once per call. State arrays must be writable, C-contiguous NumPy arrays
+    (CPU torch tensors with `return_backend_arrays=True`), and are accounted as *state* memory.
+
+    >>> import numpy as np, tgx, tgx.numpy as tnp
+    >>> @tgx.compile(state="cache", policy="heuristic", backends=["numpy"])
+    ... def step(x, cache, pos):
+    ...     cache = tgx.lax.dynamic_update_slice(cache, x[None], (pos, 0))
+    ...     return tnp.sum(cache), cache
+    >>> cache = np.zeros((4, 2), np.float32)
+    >>> y, new = step(np.ones(2, np.float32), cache, np.int32(1))
+    >>> float(y), new is cache, cache[1].tolist()
+    (2.0, True, [1.0, 1.0])
     """
     kw = dict(policy=policy, backends=backends, dynamic=dynamic, store=store,
               tolerance=tolerance, memory_budget=memory_budget,
-              return_backend_arrays=return_backend_arrays, weights=weights)
+              return_backend_arrays=return_backend_arrays, weights=weights, state=state)
     if fn is None:
         return lambda f: Compiled(f, **kw)
     return Compiled(fn, **kw)

@@ -103,6 +103,8 @@ class Instruction:
     writes_out: bool = False
     returns_view: bool = False
     inplace_ok: bool = False
+    #: with `returns_view`: the inputs the result may be a view of (None: any of them)
+    view_of: tuple | None = None
 
 
 @dataclass
@@ -123,7 +125,9 @@ class CompiledGraph:
                  in_names: Sequence[str], out_slots: Sequence[int], consts: dict,
                  instructions: Sequence[Instruction], dead: Sequence[tuple],
                  workspace: dict | None = None, memory=None, symbols: Sequence = (),
-                 weight_args: Sequence[int] = (), weight_copies: Sequence[tuple] = ()):
+                 weight_args: Sequence[int] = (), weight_copies: Sequence[tuple] = (),
+                 state: Sequence[tuple] = (), state_reasons: Sequence[str] = (),
+                 state_alias_outs: Sequence[int] = ()):
         self.n_slots = n_slots
         self.in_slots = tuple(in_slots)
         self.in_avals = tuple(in_avals)
@@ -146,6 +150,15 @@ class CompiledGraph:
         self._bound: tuple = ()           # (slot, converted value) per weight copy
         #: weight conversions done so far (each bound array once per backend)
         self.weight_conversions = 0
+        #: state buffers: (arg index, output index, copy) per state leaf; `copy`: the result
+        #: is copied into the caller's array at the end of the call (else it was updated in
+        #: place); `state_reasons[k]` says why a leaf is copied
+        self.state = tuple(state)
+        self.state_reasons = tuple(state_reasons) or ("",) * len(self.state)
+        #: outputs that may share memory with a state buffer: copied before they are returned
+        self.state_alias_outs = tuple(state_alias_outs)
+        #: whether torch tensors are accepted as state (set by the Plan: return_backend_arrays)
+        self.state_backend_arrays = False
 
     # -- weights ----------------------------------------------------------------------------
     def bind_weights(self, args: Sequence[Any]) -> None:
@@ -252,12 +265,71 @@ class CompiledGraph:
         self._specs[key] = spec
         return spec
 
+    # -- state ------------------------------------------------------------------------------
+    def _check_state(self, args: list) -> list:
+        """The caller's state objects (returned as the new state), after checking them."""
+        objs = []
+        for a, _, _ in self.state:
+            x = args[a]
+            if type(x) is np.ndarray:
+                if not (x.flags.writeable and x.flags.c_contiguous):
+                    raise BindingError(
+                        f"state {self.in_names[a]}: tgx writes the new state into the array "
+                        f"in place, so it must be writable and C-contiguous; got a "
+                        f"{'read-only' if not x.flags.writeable else 'non-contiguous'} array "
+                        f"(pass np.ascontiguousarray(x) / x.copy())")
+            elif not self._state_tensor_ok(x, a):
+                raise BindingError(
+                    f"state {self.in_names[a]}: expected a writable NumPy array (tgx updates it "
+                    f"in place), got {type(x).__name__}"
+                    + (" (torch tensors are accepted with return_backend_arrays=True)"
+                       if type(x).__module__.startswith("torch") else ""))
+            objs.append(x)
+        if len({id(x) for x in args}) != len(args):
+            ids = {id(x) for x in objs}
+            for i, x in enumerate(args):
+                if id(x) in ids and sum(y is x for y in args) > 1:
+                    raise BindingError(f"argument {self.in_names[i]} is also passed as another "
+                                       f"argument, and one of them is state (updated in place)")
+        return objs
+
+    def _state_tensor_ok(self, x, a: int) -> bool:
+        from .lowerings.transfers import _is_torch
+
+        if not _is_torch(x):
+            return False
+        if not self.state_backend_arrays:
+            return False
+        if x.device.type != "cpu" or not x.is_contiguous() or x.requires_grad:
+            raise BindingError(f"state {self.in_names[a]}: a torch state tensor must be a "
+                               f"contiguous CPU tensor without requires_grad (tgx writes into "
+                               f"its memory through NumPy), got one on {x.device}")
+        return True
+
+    def _write_state(self, args: list, objs: list, outs: list) -> None:
+        """Copy aliasing outputs, write copied state into the caller's arrays, and return the
+        caller's objects as the new state."""
+        for j in self.state_alias_outs:
+            outs[j] = _snapshot(outs[j])
+        for (a, o, copy), obj in zip(self.state, objs):
+            if copy:
+                from .lowerings.transfers import to_numpy
+
+                dst, src = args[a], outs[o]
+                if src is not dst:
+                    np.copyto(dst, to_numpy(src))
+            outs[o] = obj
+
     # -- the hot path ------------------------------------------------------------------------
     def run_flat(self, args: Sequence[Any]) -> list:
-        """Run on a flat list of arguments (NumPy arrays); returns the flat list of outputs."""
+        """Run on a flat list of arguments (NumPy arrays); returns the flat list of outputs.
+
+        State arguments (see `tgx.compile(state=)`) are updated in place and returned as the
+        very objects passed in."""
         args = list(args)
         if len(args) != len(self.in_slots):
             raise BindingError(f"expected {len(self.in_slots)} arguments, got {len(args)}")
+        objs = self._check_state(args) if self.state else None
         if self.weight_copies:
             bs = self._bound_src
             if len(bs) != len(self.weight_args) or any(
@@ -282,7 +354,10 @@ class CompiledGraph:
                     slots[o] = v
             for d in dead:
                 slots[d] = None
-        return [slots[o] for o in self.out_slots]
+        outs = [slots[o] for o in self.out_slots]
+        if objs is not None:
+            self._write_state(args, objs, outs)
+        return outs
 
     def _raise_mismatch(self, i, a, shape, dtype):
         if a.dtype != dtype:
@@ -295,6 +370,15 @@ class CompiledGraph:
 
     def __len__(self) -> int:
         return len(self.instructions)
+
+
+def _snapshot(x):
+    """A copy of an output that may share memory with a state buffer (jax arrays are
+    immutable and never share it)."""
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    clone = getattr(x, "clone", None)
+    return clone() if clone is not None else x
 
 
 def _coerce(x, aval: ShapedArray):

@@ -1,5 +1,5 @@
-"""Whole-graph single-backend plans as candidates: measured as a whole, chosen by FASTEST when
-faster than the sum of per-equation figures."""
+"""Whole plans as candidates: EXPLORE measures a shortlist of whole plans into the store
+(GRAPH_RECIPE traces whose payload rebuilds the plan); FASTEST takes the fastest measured."""
 
 from __future__ import annotations
 
@@ -8,13 +8,22 @@ import pytest
 
 import tgx
 import tgx.numpy as tnp
+from tgx.compiler import plan_graph
+from tgx.lowerings import backend_available
 from tgx.planning import recipes
 from tgx.planning.cost_model import CostModel
+from tgx.serialize import SerializationError
 from tgx.store import BenchmarkStore
+
+BACKENDS = [b for b in ("numpy", "torch", "jax") if backend_available(b)]
 
 
 def f(x):
-    return tnp.exp(x) * 2.0 + 1.0
+    return tnp.tanh(tnp.exp(x) * 2.0 + 1.0)
+
+
+def ref(x):
+    return np.tanh(np.exp(x.astype(np.float64)) * 2 + 1)
 
 
 @pytest.fixture
@@ -22,37 +31,110 @@ def store(tmp_path):
     return BenchmarkStore(tmp_path / "store.json")
 
 
-def plant(store, graph, dims, backend, median_s, status="PASSED"):
-    ghash, wkey, impl = recipes._keys(graph, dims, backend)
+def plant(store, graph, dims, label, plan, median_s, status="PASSED", weights=()):
+    """Record `plan` as measured at `median_s` without timing it."""
+    ghash, wkey = recipes._graph_keys(graph, dims)
+    payload = recipes.plan_payload(plan, label)
+    bs = sorted({b for e, b in zip(plan.graph.eqns, plan.graph.backends)
+                 if e.primitive.name != "copy_to"})
+    impl = store.add_implementation("GRAPH_RECIPE", recipes._name(weights), "+".join(bs),
+                                    recipes._digest(plan, weights), {"label": label}, payload)
     store.add_trace(graph_hash=ghash, impl=impl, workload=wkey, env_id=CostModel(store).env_id,
                     status=status, median_s=median_s)
 
 
-def test_fastest_takes_a_whole_graph_plan_measured_faster(store):
-    pytest.importorskip("jax")
+def _backends(plan) -> set:
+    return {b for e, b in zip(plan.graph.eqns, plan.graph.backends)
+            if e.primitive.name != "copy_to"}
+
+
+def test_payload_round_trip_rebuilds_the_same_plan():
     g = tgx.make_graph(f)(tgx.Spec(("N",)))
-    plant(store, g, {"N": 64}, "jax", 1e-9)          # planted: far below any prediction
-    c = tgx.compile(f, policy="fastest", backends=["numpy", "jax"], store=store,
+    assign = ["numpy", BACKENDS[-1], "numpy", BACKENDS[-1]]
+    from tgx.interpreters.lower import lower
+    from tgx.interpreters.rebackend import rebackend
+    from tgx.planning.candidates import accepted_kernels
+
+    bg = rebackend(g, assign)
+    ks = [accepted_kernels(e, b)[0] for e, b in zip(bg.eqns, bg.backends)]
+    plan = tgx.compiler.Plan(g, bg, ks, lower(bg, ks), "test")
+    back = recipes.plan_from_payload(recipes.plan_payload(plan), g)
+    assert list(back.graph.backends) == list(bg.backends)
+    assert [repr(k) for k in back.kernels] == [repr(k) for k in ks]
+    x = np.linspace(-2, 1, 11).astype(np.float32)
+    np.testing.assert_allclose(back.run(x), ref(x), rtol=1e-6)
+    # without the copies back to NumPy when the caller keeps backend arrays
+    keep = recipes.plan_from_payload(recipes.plan_payload(plan), g, return_backend_arrays=True)
+    assert keep.graph.eqns[-1].primitive.name != "copy_to" or BACKENDS[-1] == "numpy"
+
+
+def test_fastest_takes_the_fastest_measured_plan(store):
+    g = tgx.make_graph(f)(tgx.Spec(("N",)))
+    slow = plan_graph(g, policy="heuristic", backends=["numpy"])
+    fast = plan_graph(g, policy="heuristic", backends=[BACKENDS[-1]])
+    plant(store, g, {"N": 64}, "slow", slow, 1.0)
+    plant(store, g, {"N": 64}, "fast", fast, 1e-6)
+    plant(store, g, {"N": 64}, "failed", slow, 1e-9, status="INCORRECT_NUMERICAL")
+    c = tgx.compile(f, policy="fastest", backends=BACKENDS, store=store,
                     dynamic={"x": {0: "N"}})
     plan = c.lower(tgx.Spec(("N",)))
-    assert "whole graph on jax" in plan.policy
-    assert {b for e, b in zip(plan.graph.eqns, plan.graph.backends)
-            if e.primitive.name != "copy_to"} == {"jax"}
-    x = np.linspace(-2, 2, 9).astype(np.float32)
-    np.testing.assert_allclose(c(x), np.exp(x) * 2 + 1, rtol=1e-6)
+    assert "measured plan fast" in plan.policy
+    assert _backends(plan) == _backends(fast)
+    x = np.linspace(-2, 1, 9).astype(np.float32)
+    np.testing.assert_allclose(c(x), ref(x), rtol=1e-6)
 
 
-def test_slow_or_failed_whole_graph_plans_are_ignored(store):
+def test_measured_plans_on_other_backends_or_bindings_are_not_used(store):
     g = tgx.make_graph(f)(tgx.Spec(("N",)))
-    plant(store, g, {"N": 64}, "numpy", 10.0)               # slower than any prediction
-    plant(store, g, {"N": 64}, "torch", 1e-9, "INCORRECT_NUMERICAL")
-    c = tgx.compile(f, policy="fastest", backends=["numpy", "torch"], store=store)
-    assert "whole graph" not in c.lower(tgx.Spec(("N",))).policy
+    if len(BACKENDS) > 1:
+        plant(store, g, {"N": 64}, "other", plan_graph(g, policy="heuristic",
+                                                       backends=[BACKENDS[1]]), 1e-9)
+    plant(store, g, {"N": 8}, "elsewhere", plan_graph(g, policy="heuristic",
+                                                      backends=["numpy"]), 1e-9)
+    plan = tgx.compile(f, policy="fastest", backends=["numpy"], store=store).lower(
+        tgx.Spec(("N",)))
+    assert "measured plan" not in plan.policy
+    assert recipes.best_measured(g, ["numpy"], store, {"N": 64}) is None
 
 
-def test_measure_recipes_records_passed_traces_once(store):
+def test_plan_with_bound_weights_is_a_different_candidate(store):
     g = tgx.make_graph(f)(tgx.Spec(("N",)))
-    assert recipes.measure_recipes(g, ["numpy", "torch"], store, {"N": 16}, budget_s=0.01) == 2
-    assert recipes.measure_recipes(g, ["numpy", "torch"], store, {"N": 16}, budget_s=0.01) == 0
-    backend, median = recipes.best_recipe(g, ["numpy", "torch"], store, {"N": 16})
-    assert backend in ("numpy", "torch") and median > 0
+    plant(store, g, {"N": 64}, "unbound", plan_graph(g, policy="heuristic",
+                                                     backends=["numpy"]), 1e-6)
+    assert recipes.best_measured(g, ["numpy"], store, {"N": 64}, weights=(0,)) is None
+    assert recipes.best_measured(g, ["numpy"], store, {"N": 64}).label == "unbound"
+
+
+def test_a_plan_whose_kernel_changed_is_skipped(store, monkeypatch):
+    g = tgx.make_graph(f)(tgx.Spec(("N",)))
+    plan = plan_graph(g, policy="heuristic", backends=["numpy"])
+    payload = recipes.plan_payload(plan)
+    import msgpack
+
+    d = msgpack.unpackb(payload, raw=False)
+    d["kernels"] = [None if k is None else [k[0], k[1], "0" * 64] for k in d["kernels"]]
+    bad = msgpack.packb(d, use_bin_type=True)
+    with pytest.raises(SerializationError, match="changed"):
+        recipes.plan_from_payload(bad, g)
+    monkeypatch.setattr(recipes, "plan_payload", lambda p, label="": bad)
+    plant(store, g, {"N": 64}, "stale", plan, 1e-9)
+    monkeypatch.undo()
+    c = tgx.compile(f, policy="fastest", backends=["numpy"], store=store)
+    assert "measured plan" not in c.lower(tgx.Spec(("N",))).policy
+
+
+def test_explore_measures_the_shortlist_once_and_fastest_uses_it(store):
+    g = tgx.make_graph(f)(tgx.Spec(("N",)))
+    cm = CostModel(store)
+    short = recipes.candidate_plans(g, BACKENDS, cm, {"N": 32})
+    assert set(BACKENDS) <= set(short) or len(short) >= len(BACKENDS)
+    assert recipes.measure_plans(g, short, store, {"N": 32}, budget_s=0.01) == len(short)
+    assert recipes.measure_plans(g, short, store, {"N": 32}, budget_s=0.01) == 0
+    found = recipes.measured_plans(g, BACKENDS, store, {"N": 32})
+    assert len(found) == len(short)
+    assert [m.median_s for m in found] == sorted(m.median_s for m in found)
+    c = tgx.compile(f, policy="fastest", backends=BACKENDS, store=store,
+                    dynamic={"x": {0: "N"}})
+    x = np.linspace(-2, 1, 32).astype(np.float32)
+    np.testing.assert_allclose(c(x), ref(x), rtol=1e-5)
+    assert f"measured plan {found[0].label}" in c.lower(tgx.Spec(("N",))).policy

@@ -12,6 +12,11 @@ Steps, each a plain function:
 4. weights (`weights=`: argument indices): their `copy_to`s are not instructions; the runtime
    converts each weight to every backend that needs it once per bound array object
    (`CompiledGraph.bind_weights`), and the buffer plan accounts them as *persistent*.
+5. state (`state=`: (input, output) index pairs): `tgx.interpreters.state.plan_state` decides
+   which `dynamic_update_slice`s write their window straight into the caller's state buffer
+   (NumPy / torch, an in-place instruction) and orders the schedule so that every reader of
+   the old value runs first; other state outputs are copied into the caller's array once at
+   the end of the call. State buffers are accounted as *state*.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from ..shapes import eval_dim, free_symbols, shapes_equal
 from ..tracing import leaf_names
 from .evaluate import concretize
 from .rebackend import graph_backends
+from .state import inplace_fn, plan_state
 
 OWNED = "cpu/owned"
 
@@ -107,13 +113,30 @@ def _is_transfer(eqn) -> bool:
     return eqn.primitive.name == "copy_to"
 
 
+def _inplace_instruction(e, b, slot_of, lit_slot, index):
+    """A `dynamic_update_slice` writing its window into its operand (a state buffer)."""
+    fn = inplace_fn(e.primitive.name, b)
+    ins = tuple(lit_slot(a, b) if isinstance(a, Literal) else slot_of(a) for a in e.invars)
+    return Instruction(f"{e.primitive.name}[inplace]@{b}", b, lambda dims, out: fn, ins,
+                       (slot_of(e.outvars[0]),), (e.outvars[0].aval,), (index,),
+                       returns_view=True, view_of=(0,))
+
+
 def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = None,
           fuse_jax: bool = True, use_workspace: bool = True, device: str = "cpu",
-          weights: Sequence[int] = ()) -> CompiledGraph:
+          weights: Sequence[int] = (), state: Sequence[tuple[int, int]] = ()) -> CompiledGraph:
     """Lower `graph` (a `BackendGraph` or a plain graph on NumPy) with `kernels[i]` running
     equation i. `weights`: indices of the graph inputs that are weights (bound once, see
-    `CompiledGraph.bind_weights`)."""
+    `CompiledGraph.bind_weights`). `state`: (input index, output index) pairs of state
+    buffers (the output is written into the caller's input array; see `tgx.compile`)."""
     backends = graph_backends(graph)
+    # state: in-place updates, and a schedule running readers of an old value before them
+    sp = plan_state(graph, graph.eqns, backends, kernels, state, device)
+    order = sp.order
+    eqns = [graph.eqns[j] for j in order]
+    backends = [backends[j] for j in order]
+    kernels = [kernels[j] for j in order]
+    inplace = {t for t, j in enumerate(order) if j in sp.inplace}
     slot: dict[int, int] = {}
 
     def slot_of(v: Var) -> int:
@@ -156,9 +179,13 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
 
     # -- schedule: single kernels and jax regions -------------------------------------------
     instrs: list[Instruction] = []
-    i, eqns = 0, graph.eqns
+    i = 0
     while i < len(eqns):
         e, b, k = eqns[i], backends[i], kernels[i]
+        if i in inplace:
+            instrs.append(_inplace_instruction(e, b, slot_of, lit_slot, order[i]))
+            i += 1
+            continue
         if fuse_jax and b == "jax" and not _is_transfer(e):
             # a region runs over the jax equations from i on; folded copies do not break it
             j, members = i, []
@@ -169,9 +196,9 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
                     break
                 j += 1
             if len(members) > 1:
-                instrs.append(_region_instruction(graph, [eqns[m] for m in members],
+                instrs.append(_region_instruction(graph, eqns, [eqns[m] for m in members],
                                                   [kernels[m] for m in members], slot_of,
-                                                  members, j))
+                                                  [order[m] for m in members], j))
                 i = j
                 continue
             if j > i + 1:  # one jax equation, then folded copies: emit it alone below
@@ -182,7 +209,8 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
                             for a in e.invars)
                 instrs.append(Instruction(
                     repr(k), b, _single(e, k, b), ins, tuple(slot_of(v) for v in e.outvars),
-                    tuple(v.aval for v in e.outvars), (i0,), k.writes_out and len(e.outvars) == 1,
+                    tuple(v.aval for v in e.outvars), (order[i0],),
+                    k.writes_out and len(e.outvars) == 1,
                     k.returns_view, k.inplace_ok))
                 continue
         if fold(e):
@@ -192,7 +220,7 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
         view = k.returns_view or (_is_transfer(e) and e.params.get("device", "cpu") == device)
         instrs.append(Instruction(
             repr(k), b, _single(e, k, b), ins, tuple(slot_of(v) for v in e.outvars),
-            tuple(v.aval for v in e.outvars), (i,), k.writes_out and len(e.outvars) == 1,
+            tuple(v.aval for v in e.outvars), (order[i],), k.writes_out and len(e.outvars) == 1,
             view, k.inplace_ok))
         i += 1
 
@@ -211,14 +239,17 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
     persistent = [(f"w{a}", _nbytes(graph.invars[a].aval), device) for a in sorted(weights)]
     persistent += [(f"w{a}@{b}", _nbytes(graph.invars[a].aval), dev)
                    for a, _, b, dev in weight_copies if not _zero_copy(b, dev, device)]
+    state_bufs = [(f"s{a}", _nbytes(graph.invars[a].aval), device) for a, _ in state]
     workspace, memory, dead = plan_buffers(graph, instrs, in_slots, out_slots, consts, slot,
-                                           use_workspace, device, persistent)
+                                           use_workspace, device, persistent, state_bufs)
     names = list(in_names) if in_names else leaf_names(graph.in_tree, len(graph.invars))
     return CompiledGraph(n_slots=n_slots, in_slots=in_slots, in_avals=graph.in_avals,
                          in_names=names, out_slots=out_slots, consts=consts,
                          instructions=instrs, dead=dead, workspace=workspace, memory=memory,
                          symbols=symbols, weight_args=sorted(weights),
-                         weight_copies=weight_copies)
+                         weight_copies=weight_copies,
+                         state=[(a, o, c) for (a, o), c in zip(state, sp.copy)],
+                         state_reasons=sp.reasons, state_alias_outs=sp.alias_outs)
 
 
 def _zero_copy(backend: str, dev: str, host: str) -> bool:
@@ -226,7 +257,8 @@ def _zero_copy(backend: str, dev: str, host: str) -> bool:
     return dev == host and backend in ("numpy", "torch")
 
 
-def _region_instruction(graph, eqns, kernels, slot_of, idx, end):
+def _region_instruction(graph, schedule, eqns, kernels, slot_of, idx, end):
+    """One `jax.jit` over `eqns`; `schedule[end:]` are the equations after the region."""
     defined = {v.id for e in eqns for v in e.outvars}
     in_vars, seen = [], set()
     for e in eqns:
@@ -234,7 +266,7 @@ def _region_instruction(graph, eqns, kernels, slot_of, idx, end):
             if isinstance(a, Var) and a.id not in defined and a.id not in seen:
                 seen.add(a.id)
                 in_vars.append(a)
-    later = {a.id for e in graph.eqns[end:] for a in e.invars if isinstance(a, Var)}
+    later = {a.id for e in schedule[end:] for a in e.invars if isinstance(a, Var)}
     later |= {v.id for v in graph.outvars if isinstance(v, Var)}
     out_vars = [v for e in eqns for v in e.outvars if v.id in later]
     label = f"jax.jit[{len(eqns)} eqns: " + " ".join(e.primitive.name for e in eqns[:6]) + (
@@ -250,10 +282,11 @@ def _nbytes(aval):
 
 
 def plan_buffers(graph, instrs, in_slots, out_slots, consts, slot, use_workspace, device,
-                 persistent=()):
+                 persistent=(), state=()):
     """Liveness, workspace requests, in-place aliases → (slot→buffer, MemoryPlan, dead lists).
 
-    `persistent`: (name, bytes, device) of bound weights, accounted as persistent buffers."""
+    `persistent`: (name, bytes, device) of bound weights, accounted as persistent buffers;
+    `state`: (name, bytes, device) of state buffers (the caller's arrays), accounted as state."""
     aval_of = {}
     for v in (*graph.constvars, *graph.invars):
         aval_of[slot[v.id]] = v.aval
@@ -273,7 +306,8 @@ def plan_buffers(graph, instrs, in_slots, out_slots, consts, slot, use_workspace
     for ins in instrs:
         for s in ins.outs:
             if ins.returns_view and ins.ins:
-                roots[s] = frozenset().union(*[roots.get(i, frozenset((i,))) for i in ins.ins])
+                src = ins.ins if ins.view_of is None else [ins.ins[j] for j in ins.view_of]
+                roots[s] = frozenset().union(*[roots.get(i, frozenset((i,))) for i in src])
             else:
                 roots[s] = frozenset((s,))
     end: dict[int, int] = {}
@@ -314,6 +348,8 @@ def plan_buffers(graph, instrs, in_slots, out_slots, consts, slot, use_workspace
         reqs.append(BufferRequest(f"c{s}", nb, -1, n, device, kind="persistent"))
     for name, nb, dev in persistent:
         reqs.append(BufferRequest(name, nb, -1, n, dev, kind="persistent"))
+    for name, nb, dev in state:
+        reqs.append(BufferRequest(name, nb, -1, n, dev, kind="state"))
     memory = plan_memory(reqs) if reqs else None
     # slots to clear after each instruction: owned values whose last use it is
     keep = set(out_slots) | set(consts) | set(in_slots)

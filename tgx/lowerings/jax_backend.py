@@ -103,6 +103,14 @@ def _slice(x, *, start_indices, limit_indices, strides=None):
     return lax.slice(x, start_indices, limit_indices, strides)
 
 
+def _dynamic_slice(x, *idx, slice_sizes):
+    return lax.dynamic_slice(x, idx, slice_sizes)
+
+
+def _dynamic_update_slice(x, update, *idx):
+    return lax.dynamic_update_slice(x, update, idx)
+
+
 for _n, _f in {
     "div": _div, "select": lambda p, t, f: jnp.where(p, t, f),
     "convert_element_type": _convert,
@@ -115,6 +123,7 @@ for _n, _f in {
     "slice": _slice, "pad": _pad,
     "concatenate": lambda *xs, dimension: jnp.concatenate(xs, axis=dimension),
     "gather": _gather,
+    "dynamic_slice": _dynamic_slice, "dynamic_update_slice": _dynamic_update_slice,
     "rev": lambda x, *, dimensions: lax.rev(x, dimensions),
     "iota": _iota,
     "dim_as_value": lambda *, expr, dtype: jnp.asarray(expr, dtype=dtype),

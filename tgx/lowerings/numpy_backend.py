@@ -12,6 +12,7 @@ import numpy as np
 from .. import primitives  # noqa: F401 - registers the atomic primitives
 from ..core import PRIMITIVES
 from ..primitives import transfer  # noqa: F401 - registers copy_to
+from ..primitives.movement import dynamic_window
 from ..shapes import bfloat16, float16
 from .registry import Kernel, add_kernel, matmul_layout_reason, on_missing, register_kernel
 
@@ -144,6 +145,17 @@ def _sum_ok(avals, params):
 def numpy_reduce_sum_out(x, *, axes, out):
     np.sum(x, axis=axes, dtype=x.dtype, out=out)
     return out
+
+
+# -- in-place updates of state buffers ---------------------------------------------------------
+# Not kernels (selection never picks them: they mutate their first input); the lowering uses
+# them for a `dynamic_update_slice` whose operand is a state buffer (`tgx.compile(state=...)`).
+def numpy_dynamic_update_slice_inplace(x, update, *idx):
+    x[dynamic_window(x.shape, update.shape, idx)] = update
+    return x
+
+
+INPLACE = {"dynamic_update_slice": numpy_dynamic_update_slice_inplace}
 
 
 for _name in list(PRIMITIVES):

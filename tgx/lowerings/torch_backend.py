@@ -14,6 +14,7 @@ import torch
 from .. import primitives  # noqa: F401 - registers the atomic primitives
 from ..core import PRIMITIVES
 from ..primitives import transfer  # noqa: F401 - registers copy_to
+from ..primitives.movement import dynamic_window
 from ..shapes import uint32
 from .registry import Kernel, add_kernel, matmul_layout_reason, register_kernel
 from .transfers import to_torch, torch_dtype
@@ -196,6 +197,28 @@ def torch_gather(x, idx, *, axis):
     flat = idx.reshape(-1).clamp(0, x.shape[axis] - 1).to(torch.int64)
     out = torch.index_select(x, axis, flat)
     return out.reshape(x.shape[:axis] + idx.shape + x.shape[axis + 1:])
+
+
+@register_kernel("dynamic_slice", NAME, checker=_no_uint32, returns_view=True)
+def torch_dynamic_slice(x, *idx, slice_sizes):
+    return x[dynamic_window(x.shape, slice_sizes, idx)]
+
+
+@register_kernel("dynamic_update_slice", NAME, checker=_no_uint32)
+def torch_dynamic_update_slice(x, update, *idx):
+    out = x.clone()
+    out[dynamic_window(x.shape, update.shape, idx)].copy_(update)
+    return out
+
+
+def torch_dynamic_update_slice_inplace(x, update, *idx):
+    """Writes only the window, into `x` itself (a state buffer; see `tgx.compile(state=)`)."""
+    x[dynamic_window(x.shape, update.shape, idx)].copy_(update)
+    return x
+
+
+# in-place updates the lowering uses for state buffers (never chosen as kernels)
+INPLACE = {"dynamic_update_slice": torch_dynamic_update_slice_inplace}
 
 
 @register_kernel("rev", NAME, returns_view=True)

@@ -86,7 +86,8 @@ class BufferRequest:
     inclusive, so an output conflicts with the inputs that die at its own instruction, unless
     ``inplace_of`` names such an input (the kernel may write into the input's storage).
     ``kind`` is ``"transient"`` (packed into the workspace), ``"persistent"`` (weights) or
-    ``"state"`` (KV cache); the last two are only accounted.
+    ``"state"`` (KV cache: the caller's arrays, updated in place); the last two are only
+    accounted (``estimate_memory`` adds them to the workspace peak).
 
     Example:
         >>> BufferRequest("h", 512, start=0, end=3).kind
@@ -658,6 +659,16 @@ class MemoryPlan:
         for r, v in zip(self.requests, vals):
             out[r.kind][r.device] += v
         return out
+
+    def bytes_by_kind(self, **dims: int) -> dict[str, dict[str, int]]:
+        """Aligned bytes per kind (transient, persistent, state), then per device.
+
+        Example:
+            >>> plan_memory([BufferRequest("a", 100, -1, 0),
+            ...              BufferRequest("kv", 4096, -1, 1, kind="state")]).bytes_by_kind()
+            {'transient': {'cpu': 128}, 'persistent': {'cpu': 0}, 'state': {'cpu': 4096}}
+        """
+        return self._per_kind(dims)
 
     def sum_of_intermediates(self, **dims: int) -> dict[str, int]:
         """Bytes of all transient buffers per device without any reuse (the naive plan).

@@ -1,33 +1,55 @@
-"""Whole-graph single-backend plans as candidates of their own ("a region is a candidate").
+"""Measured whole plans: a plan is a candidate of its own (a GRAPH_RECIPE in the store).
 
-The cost model prices a plan as the sum of its equations measured one at a time. That is right
-for NumPy and torch, which run one kernel per equation, but over-predicts a run of JAX
-equations, which the lowering turns into one `jax.jit` that XLA fuses. So EXPLORE also measures
-the plan that puts the whole graph on one backend, as a whole, and records it as a
-GRAPH_RECIPE trace; FASTEST compares those measurements with its selection's predicted total
-and takes the whole-graph plan when it was measured faster.
+The cost model prices a plan as the sum of its equations measured one at a time, plus
+transfers and switch penalties. What only shows when the plan runs as a whole escapes it:
+XLA fusing a JAX region, torch's OpenMP workers slowing the NumPy BLAS call after them,
+caches. So EXPLORE also runs a *shortlist* of whole plans (`candidate_plans`: the heuristic
+plan, every single-backend plan, and the best predicted plan on each set of two or more
+backends), checks each against the reference evaluator, and records it as a GRAPH_RECIPE
+trace whose payload rebuilds the plan (`plan_payload`). FASTEST then takes the fastest
+*measured* plan of the graph at this binding (`best_measured`); where none was measured it
+plans from per-equation figures.
 
->>> import tgx, tgx.numpy as tnp, numpy as np
+Payload: the lowered plan's backend graph (msgpack, `tgx.serialize`) with each equation's
+backend and kernel (name, variant, source hash). A kernel that is gone or whose source
+changed makes the plan unloadable (`SerializationError`), and FASTEST skips it.
+
+>>> import tgx, tgx.numpy as tnp
 >>> from tgx.store import BenchmarkStore
 >>> import tempfile, os
 >>> store = BenchmarkStore(os.path.join(tempfile.mkdtemp(), "s.json"))
 >>> g = tgx.make_graph(lambda x: tnp.exp(x) * 2.0)(tgx.Spec(("N",)))
->>> measure_recipes(g, ["numpy"], store, {"N": 32}, budget_s=0.01)
+>>> from tgx.compiler import plan_graph
+>>> plans = {"numpy": plan_graph(g, policy="heuristic", backends=["numpy"])}
+>>> measure_plans(g, plans, store, {"N": 32}, budget_s=0.01)
 1
->>> best_recipe(g, ["numpy"], store, {"N": 32})[0]
+>>> best_measured(g, ["numpy"], store, {"N": 32}).label
 'numpy'
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-RECIPE_NAME = "whole-graph-on-one-backend"
-RECIPE_VERSION = "1"  # bump when the lowering of single-backend plans changes
+PLAN_NAME = "measured-plan"
+PAYLOAD_FORMAT = 1
 
 
-def _graph_keys(graph, dims: dict) -> tuple[str, str]:
-    """(graph hash, workload key) of the whole graph at `dims`: the same for every backend."""
+@dataclass(frozen=True)
+class MeasuredPlan:
+    """A whole plan measured in the store: its median, label and payload (see module doc)."""
+
+    median_s: float
+    label: str
+    payload: bytes
+    impl: str
+
+
+def _graph_keys(graph, dims: Mapping) -> tuple[str, str]:
+    """(graph hash, workload key) of the whole graph at `dims`."""
     from ..graph import structural_hash
     from ..shapes import eval_dim, sym
     from ..store.schema import workload_key
@@ -39,57 +61,135 @@ def _graph_keys(graph, dims: dict) -> tuple[str, str]:
     return ghash, workload_key(ghash, {str(k): int(v) for k, v in dims.items()}, inputs)
 
 
-def _impl_key(backend: str, weights: Sequence[int] = ()) -> str:
-    from ..store.schema import implementation_key
-
-    return implementation_key("GRAPH_RECIPE", _name(weights), backend, RECIPE_VERSION)
-
-
-def _keys(graph, dims: dict, backend: str, weights: Sequence[int] = ()) -> tuple[str, str, str]:
-    return (*_graph_keys(graph, dims), _impl_key(backend, weights))
-
-
 def _name(weights: Sequence[int]) -> str:
     # Bound weights cost nothing per call; without them every call converts them.
-    return RECIPE_NAME + ("+bound-weights" if tuple(weights) else "")
+    return PLAN_NAME + ("+bound-weights" if tuple(weights) else "")
 
 
-def best_recipe(graph, backends: Sequence[str], store, dims: dict,
-                env_id: str | None = None, weights: Sequence[int] = ()
-                ) -> tuple[str, float] | None:
-    """(backend, measured median) of the fastest whole-graph single-backend plan the store has
-    a PASSED trace of at `dims` on this machine, or None."""
-    from ..store import environment_id, sniff_environment
+# -- payload ---------------------------------------------------------------------------------
+def plan_payload(plan, label: str = "") -> bytes:
+    """A lowered `tgx.compiler.Plan` as bytes: its backend graph, backends and kernels."""
+    import msgpack
 
-    env_id = env_id or environment_id(sniff_environment())
-    best = None
-    ghash, wkey = _graph_keys(graph, dims)  # hashed once, not once per backend
+    from ..serialize import graph_to_bytes
+
+    bg = plan.graph
+    kernels = [None if e.primitive.name == "copy_to" else [k.name, k.variant, k.source_hash]
+               for e, k in zip(bg.eqns, plan.kernels)]
+    return msgpack.packb({"kind": "measured-plan", "format": PAYLOAD_FORMAT, "label": label,
+                          "graph": graph_to_bytes(bg), "backends": list(bg.backends),
+                          "kernels": kernels}, use_bin_type=True)
+
+
+def plan_from_payload(payload: bytes, source_graph, *, policy: str = "fastest",
+                      in_names=None, weights: Sequence[int] = (), memory_budget=None,
+                      return_backend_arrays: bool = False):
+    """The `Plan` that `plan_payload` wrote, lowered again (weights bound per `weights`).
+    `SerializationError` when a kernel it names is gone or changed."""
+    import msgpack
+
+    from ..compiler import Plan
+    from ..interpreters.lower import lower
+    from ..interpreters.rebackend import BackendGraph, rebackend
+    from ..lowerings.registry import kernels_for
+    from ..serialize import SerializationError, graph_from_bytes
+    from .candidates import accepted_kernels
+
+    d = msgpack.unpackb(payload, raw=False)
+    if d.get("kind") != "measured-plan" or d.get("format") != PAYLOAD_FORMAT:
+        raise SerializationError(f"not a measured-plan payload of format {PAYLOAD_FORMAT}")
+    g = graph_from_bytes(d["graph"])
+    bg = BackendGraph(g.constvars, g.consts, g.invars, g.outvars, g.eqns, g.in_tree,
+                      g.out_tree, backends=d["backends"])
+    chosen = []
+    for e, b, k in zip(bg.eqns, bg.backends, d["kernels"]):
+        if k is None:
+            continue
+        name, variant, source_hash = k
+        hit = [c for c in kernels_for(e.primitive.name, b)
+               if c.name == name and c.variant == variant]
+        if not hit:
+            raise SerializationError(f"measured plan uses kernel {name}[{variant}]@{b}, "
+                                     "which is not registered here")
+        if hit[0].source_hash != source_hash:
+            raise SerializationError(f"kernel {hit[0]!r} changed since the plan was measured")
+        chosen.append(hit[0])
+    if return_backend_arrays:  # drop the copies back to NumPy at the outputs
+        bg = rebackend(bg, list(bg.backends), outputs=None)
+    it = iter(chosen)
+    kernels = [accepted_kernels(e, b)[0] if e.primitive.name == "copy_to" else next(it)
+               for e, b in zip(bg.eqns, bg.backends)]
+    cg = lower(bg, kernels, in_names=in_names, weights=weights)
+    return Plan(source_graph, bg, kernels, cg, policy, memory_budget, return_backend_arrays)
+
+
+def _digest(plan, weights: Sequence[int]) -> str:
+    """The identity of a plan: its graph's structure (not source lines or variable names),
+    backends, kernels and bound weights."""
+    from ..graph import structural_hash
+
+    ks = [(k.name, k.variant, k.backend, k.source_hash) for k in plan.kernels]
+    key = repr((structural_hash(plan.graph), tuple(plan.graph.backends), ks, tuple(weights)))
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+# -- the shortlist ------------------------------------------------------------------------------
+def candidate_plans(graph, backends: Sequence[str], cost_model, dims: Mapping, *,
+                    weights: Sequence[int] = ()) -> dict:
+    """{label: Plan} worth measuring as a whole: the heuristic plan, each single-backend plan,
+    and the best predicted plan on every set of two or more `backends` (duplicates dropped).
+    """
+    from ..compiler import plan_graph, selection_plan
+    from ..errors import TgxError
+    from .selection import select
+
+    out: dict = {}
+    seen: set = set()
+
+    def add(label, make):
+        try:
+            plan = make()
+        except TgxError:  # e.g. no kernel for some equation on these backends
+            return
+        key = _digest(plan, weights)
+        if key not in seen:
+            seen.add(key)
+            out[label] = plan
+
+    add("heuristic", lambda: plan_graph(graph, policy="heuristic", backends=backends,
+                                        weights=weights))
     for b in backends:
-        t = store.measured(ghash, _impl_key(b, weights), wkey, env_id)
-        if t and t.get("status") == "PASSED" and t.get("median_s") is not None:
-            if best is None or t["median_s"] < best[1]:
-                best = (b, float(t["median_s"]))
-    return best
+        add(b, lambda b=b: plan_graph(graph, policy="heuristic", backends=[b], weights=weights))
+    for n in range(2, len(backends) + 1):
+        for subset in itertools.combinations(backends, n):
+            def make(subset=subset):
+                sel = select(graph, list(subset), cost_model, dims, weights=weights)
+                return selection_plan(graph, sel, cost_model, dims, "explore",
+                                      weights=weights)
+            add("+".join(subset), make)
+    return out
 
 
-def measure_recipes(graph, backends: Sequence[str], store, dims: dict, *,
-                    budget_s: float = 0.2, env_id: str | None = None,
-                    weights: Sequence[int] = ()) -> int:
-    """Time the whole graph on each backend in turn (random inputs at `dims`, checked against
-    the reference evaluator; the inputs at positions `weights` bound once, as
-    `tgx.compile(weights=...)` does) and record GRAPH_RECIPE traces; returns how many were
-    measured. Backends already measured at `dims` are skipped."""
+def measure_plans(graph, plans: Mapping, store, dims: Mapping, *, budget_s: float = 0.2,
+                  env_id: str | None = None, weights: Sequence[int] = ()) -> int:
+    """Time each plan of {label: Plan} on random inputs at `dims` (checked against the
+    reference evaluator; the inputs at positions `weights` bound once, as
+    `tgx.compile(weights=...)` does) and record a GRAPH_RECIPE trace with the plan as its
+    payload; returns how many were measured (plans already measured at `dims` are skipped)."""
     import warnings
 
     import numpy as np
 
-    from ..compiler import plan_graph
+    from ..graph import structural_hash
     from ..interpreters.evaluate import eval_graph_flat
     from ..profiling.pending import random_inputs
     from ..profiling.runner import profile
+    from ..serialize import graph_to_bytes
     from ..shapes import eval_dim, sym
     from ..store import environment_id, sniff_environment
 
+    if not plans:
+        return 0
     env_id = env_id or environment_id(sniff_environment())
     env = {sym(str(k)): int(v) for k, v in dims.items()}
     args = list(random_inputs([([eval_dim(d, env) for d in v.aval.shape], v.aval.dtype.name)
@@ -101,25 +201,60 @@ def measure_recipes(graph, backends: Sequence[str], store, dims: dict, *,
     # tightly on its own): accept what a float32 pipeline of this depth normally differs by.
     scale = max((float(np.max(np.abs(o))) for o in golden if np.size(o)), default=1.0)
     atol, rtol = 1e-3 * scale, 1e-2
-    n = 0
     ghash, wkey = _graph_keys(graph, dims)
-    for b in backends:
-        impl = _impl_key(b, weights)
+    store.add_graph(structural_hash(graph), "graph", graph_to_bytes(graph))
+    store.add_workload(ghash, {str(k): int(v) for k, v in dims.items()},
+                       [(list(np.shape(a)), np.asarray(a).dtype.name) for a in args])
+    n = 0
+    for label, plan in plans.items():
+        payload = plan_payload(plan, label)
+        bs = sorted({b for e, b in zip(plan.graph.eqns, plan.graph.backends)
+                     if e.primitive.name != "copy_to"}) or ["numpy"]
+        impl = store.add_implementation("GRAPH_RECIPE", _name(weights), "+".join(bs),
+                                        _digest(plan, weights), {"label": label}, payload)
         if store.measured(ghash, impl, wkey, env_id):
             continue
-        plan = plan_graph(graph, policy="heuristic", backends=[b], weights=tuple(weights))
-        store.add_workload(ghash, {str(k): int(v) for k, v in dims.items()},
-                           [(list(np.shape(a)), np.asarray(a).dtype.name) for a in args])
-        store.add_implementation("GRAPH_RECIPE", _name(weights), b, RECIPE_VERSION)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             run = plan.compiled.run_flat
             profile(lambda *xs, run=run: _single(run(list(xs))), args, golden=_single(golden),
-                    atol=atol, rtol=rtol, store=store,
-                    graph_hash=ghash, impl=impl, workload=wkey, env_id=env_id,
-                    budget_s=budget_s)
+                    atol=atol, rtol=rtol, store=store, graph_hash=ghash, impl=impl,
+                    workload=wkey, env_id=env_id, budget_s=budget_s)
         n += 1
     return n
+
+
+def measured_plans(graph, backends: Sequence[str], store, dims: Mapping,
+                   env_id: str | None = None, weights: Sequence[int] = ()
+                   ) -> list[MeasuredPlan]:
+    """The plans of `graph` measured (PASSED) at `dims` on this machine that use only
+    `backends` and bind weights as `weights` says, fastest first."""
+    from ..store import environment_id, sniff_environment
+
+    env_id = env_id or environment_id(sniff_environment())
+    ghash, wkey = _graph_keys(graph, dims)
+    best: dict[str, float] = {}
+    for t in store.traces(graph_hash=ghash, workload=wkey, env_id=env_id, status="PASSED"):
+        if t.get("median_s") is not None:
+            best[t["impl"]] = min(best.get(t["impl"], float("inf")), float(t["median_s"]))
+    allowed = set(backends)
+    out = []
+    for impl, median in sorted(best.items(), key=lambda kv: kv[1]):
+        rec = store.get_implementation(impl)
+        if (rec is None or rec["kind"] != "GRAPH_RECIPE" or rec["name"] != _name(weights)
+                or not rec["payload"] or not set(rec["backend"].split("+")) <= allowed):
+            continue
+        label = (rec.get("requirements") or {}).get("label", rec["backend"])
+        out.append(MeasuredPlan(median, label, rec["payload"], impl))
+    return out
+
+
+def best_measured(graph, backends: Sequence[str], store, dims: Mapping,
+                  env_id: str | None = None, weights: Sequence[int] = ()
+                  ) -> MeasuredPlan | None:
+    """The fastest of `measured_plans`, or None."""
+    found = measured_plans(graph, backends, store, dims, env_id, weights)
+    return found[0] if found else None
 
 
 def _single(outs: list):

@@ -1,5 +1,5 @@
 """Atomic movement primitives: reshape, broadcast_in_dim, transpose, slice, pad, concatenate,
-gather, rev, and iota (the index generator).
+gather, rev, dynamic_slice, dynamic_update_slice, and iota (the index generator).
 
 Shape params may hold symbolic dims (`reshape[new_sizes=(2*N, 4)]`); evaluators substitute
 the binding before calling the NumPy reference.
@@ -194,6 +194,85 @@ def _gather_impl(x, idx, *, axis):
 
 
 # ---------------------------------------------------------------------------------------------
+# dynamic_slice(x, *start_indices, slice_sizes) and dynamic_update_slice(x, update,
+# *start_indices): windows at start indices only known at run time (traced integer scalars),
+# with jax.lax semantics: a negative index counts from the end of its axis, then every start is
+# clamped so that the window fits (a KV cache write at `pos` never goes out of bounds).
+dynamic_slice_p = Primitive("dynamic_slice", family="movement")
+dynamic_update_slice_p = Primitive("dynamic_update_slice", family="movement")
+
+
+def dynamic_starts(shape, sizes, start_indices) -> tuple:
+    """Concrete window starts, as jax.lax clamps them: `i + d` for a negative `i`, then
+    `min(max(i, 0), d - size)` per axis (indices: anything `int()` accepts, 0-d arrays too)."""
+    out = []
+    for d, s, i in zip(shape, sizes, start_indices):
+        i = int(i)
+        if i < 0:
+            i += d
+        out.append(min(max(i, 0), d - s))
+    return tuple(out)
+
+
+def dynamic_window(shape, sizes, start_indices) -> tuple:
+    """The tuple of slices selecting the clamped window (for `x[dynamic_window(...)]`)."""
+    return tuple(slice(s, s + n) for s, n in
+                 zip(dynamic_starts(shape, sizes, start_indices), sizes))
+
+
+def _check_starts(op: str, x: ShapedArray, idx, what: str) -> None:
+    if len(idx) != x.ndim:
+        raise ShapeError(f"{op}: {len(idx)} start indices for the rank-{x.ndim} {what} {x} "
+                         f"(one integer scalar per axis)")
+    for ax, i in enumerate(idx):
+        if i.shape != () or not is_int(i.dtype):
+            raise DTypeError(f"{op}: start index {ax} must be an integer scalar, got "
+                             f"{i.str_short()} (operand {x})")
+
+
+@dynamic_slice_p.def_shape
+def _dynamic_slice_shape(x: ShapedArray, *idx: ShapedArray, slice_sizes: tuple) -> ShapedArray:
+    _check_starts("dynamic_slice", x, idx, "operand")
+    if len(slice_sizes) != x.ndim:
+        raise ShapeError(f"dynamic_slice: slice_sizes {shape_str(slice_sizes)} needs one entry "
+                         f"per axis of the operand {x}")
+    for ax, (d, s) in enumerate(zip(x.shape, slice_sizes)):
+        if not (dim_ge(s, 0) and dim_ge(d, s)):
+            raise ShapeError(f"dynamic_slice: slice_sizes {shape_str(slice_sizes)} do not fit "
+                             f"the operand {x}: axis {ax} needs 0 <= {dim_str(s)} <= "
+                             f"{dim_str(d)}")
+    return x.update(shape=tuple(slice_sizes), weak_type=False)
+
+
+@dynamic_slice_p.def_impl
+def _dynamic_slice_impl(x, *idx, slice_sizes):
+    return x[dynamic_window(x.shape, slice_sizes, idx)]
+
+
+@dynamic_update_slice_p.def_shape
+def _dynamic_update_slice_shape(x: ShapedArray, update: ShapedArray,
+                                *idx: ShapedArray) -> ShapedArray:
+    if update.ndim != x.ndim:
+        raise ShapeError(f"dynamic_update_slice: update {update} and operand {x} differ in rank")
+    if update.dtype != x.dtype:
+        raise DTypeError(f"dynamic_update_slice: update {update} and operand {x} differ in "
+                         f"dtype")
+    for ax, (d, u) in enumerate(zip(x.shape, update.shape)):
+        if not dim_ge(d, u):
+            raise ShapeError(f"dynamic_update_slice: update {update} is larger than the operand "
+                             f"{x} along axis {ax} ({dim_str(u)} > {dim_str(d)})")
+    _check_starts("dynamic_update_slice", x, idx, "operand")
+    return x.update(weak_type=False)
+
+
+@dynamic_update_slice_p.def_impl
+def _dynamic_update_slice_impl(x, update, *idx):
+    out = np.array(x, copy=True)
+    out[dynamic_window(x.shape, update.shape, idx)] = update
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 rev_p = Primitive("rev", family="movement")
 
 
@@ -230,7 +309,7 @@ def _iota_impl(*, dtype, shape, dimension):
 
 
 MOVEMENT = [reshape_p, broadcast_in_dim_p, transpose_p, slice_p, pad_p, concatenate_p, gather_p,
-            rev_p, iota_p]
+            rev_p, iota_p, dynamic_slice_p, dynamic_update_slice_p]
 
 
 # dim_as_value(expr, dtype): a symbolic size as a scalar value (the divisor of a mean over N).

@@ -1,0 +1,230 @@
+"""State buffers (`tgx.compile(state=...)`): which updates run in place, and the schedule.
+
+A state pair is (graph input S, graph output O): O is the new value of S, written into the
+caller's array. When O is reached from S through `dynamic_update_slice`s (their operand
+chain) and zero-copy transfers only, on backends that can write in place (NumPy, torch), every
+update of that chain writes just its window into S's buffer ("in place"); otherwise the
+result is copied into the caller's array once, at the end of the call ("copy").
+
+An in-place update destroys the value it overwrites, so every reader of an older *version* of
+the buffer (S itself, a view of it, an earlier update of the chain) must run before it. The
+schedule gets those orderings as extra dependencies (a stable topological sort: equations
+keep their order unless a dependency moves them); a reader that cannot run before the update
+(it also depends on the update, reads on jax whose dispatch is asynchronous, or is a graph
+output) turns the pair to "copy". Aliasing is tracked conservatively: every `copy_to` and
+every kernel that may return a view propagates it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..core import Graph, Var
+
+# backends whose state buffers an update can write into, and their in-place functions
+INPLACE_BACKENDS = ("numpy", "torch")
+
+
+def inplace_fn(name: str, backend: str):
+    """The backend's in-place update function for primitive `name`, or None."""
+    if backend not in INPLACE_BACKENDS:
+        return None
+    from ..lowerings import load_backend
+
+    return getattr(load_backend(backend), "INPLACE", {}).get(name)
+
+
+@dataclass
+class StatePlan:
+    """How the state outputs are produced (see the module doc)."""
+
+    #: equation indices in schedule order
+    order: list
+    #: equations lowered as in-place updates of a state buffer
+    inplace: frozenset = frozenset()
+    #: per state pair: copy the result into the caller's array at the end of the call
+    copy: tuple = ()
+    #: per state pair: why it is copied ("" when in place)
+    reasons: tuple = ()
+    #: indices of graph outputs (not state outputs) that may share memory with a state
+    #: buffer: copied before they are returned
+    alias_outs: tuple = ()
+
+
+def _zero_copy_transfer(e, backend: str, device: str) -> bool:
+    return (e.primitive.name == "copy_to" and backend in INPLACE_BACKENDS
+            and e.params.get("device", "cpu") == device and isinstance(e.invars[0], Var))
+
+
+def _chain(graph, eqns, backends, producer, s_var, o_atom, device):
+    """Equation indices from S to O (updates and zero-copy transfers), or (None, reason)."""
+    if not isinstance(o_atom, Var):
+        return None, "the new state is a constant"
+    chain, v = [], o_atom
+    while v.id != s_var.id:
+        j = producer.get(v.id)
+        if j is None:
+            return None, "the new state is not computed from the state argument"
+        e, b = eqns[j], backends[j]
+        if _zero_copy_transfer(e, b, device):
+            chain.append(j)
+        elif e.primitive.name == "dynamic_update_slice" and isinstance(e.invars[0], Var):
+            if inplace_fn("dynamic_update_slice", b) is None:
+                return None, f"the update runs on {b}, whose arrays are immutable"
+            chain.append(j)
+        else:
+            return None, (f"the new state comes from {e.primitive.name}, not from "
+                          f"dynamic_update_slice of the state")
+        v = e.invars[0]
+    chain.reverse()
+    return chain, ""
+
+
+def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: Sequence,
+               state: Sequence[tuple[int, int]], device: str = "cpu") -> StatePlan:
+    """Decide in place / copy per state pair and the schedule (indices into `eqns`)."""
+    n = len(eqns)
+    identity = list(range(n))
+    if not state:
+        return StatePlan(identity)
+    producer = {v.id: j for j, e in enumerate(eqns) for v in e.outvars}
+    users: list[set] = [set() for _ in eqns]
+    for j, e in enumerate(eqns):
+        for a in e.invars:
+            if isinstance(a, Var) and a.id in producer:
+                users[producer[a.id]].add(j)
+
+    chains: dict[int, list] = {}
+    reasons = [""] * len(state)
+    for p, (a, o) in enumerate(state):
+        chain, why = _chain(graph, eqns, backends, producer, graph.invars[a], graph.outvars[o],
+                            device)
+        if chain is None:
+            reasons[p] = why
+        else:
+            chains[p] = chain
+
+    # versions: alias[var id] = {pair: version}; an in-place update makes a new version
+    alias: dict[int, dict] = {}
+    updates: dict[int, list] = {p: [] for p in chains}  # pair -> its in-place updates, in order
+    in_chain: dict[int, int] = {}
+    for p, (a, _) in enumerate(state):
+        alias.setdefault(graph.invars[a].id, {})[p] = 0
+    for p, chain in chains.items():
+        for j in chain:
+            in_chain[j] = p
+    readers: dict[int, list] = {p: [] for p in range(len(state))}  # pair -> [(eqn, version)]
+    for j, e in enumerate(eqns):
+        seen: dict[int, int] = {}
+        for k, x in enumerate(e.invars):
+            if not isinstance(x, Var) or x.id not in alias:
+                continue
+            for p, ver in alias[x.id].items():
+                if in_chain.get(j) == p and k == 0:
+                    continue  # the chain's own operand
+                if in_chain.get(j) == p:  # an update reads its own buffer as update/index
+                    reasons[p] = reasons[p] or "an update reads the state it overwrites"
+                seen[p] = min(ver, seen.get(p, ver))
+        for p, ver in seen.items():
+            readers[p].append((j, ver))
+        if j in in_chain:
+            p = in_chain[j]
+            ver = alias[e.invars[0].id][p]
+            if e.primitive.name == "dynamic_update_slice":
+                updates[p].append(j)
+                ver += 1
+            for v in e.outvars:
+                alias.setdefault(v.id, {})[p] = ver
+            for q, qv in seen.items():  # other pairs' views flowing through (conservative)
+                if q != p and (kernels[j].returns_view or e.primitive.name == "copy_to"):
+                    for v in e.outvars:
+                        alias[v.id][q] = min(qv, alias[v.id].get(q, qv))
+        elif seen and (e.primitive.name == "copy_to" or getattr(kernels[j], "returns_view",
+                                                                  True)):
+            for v in e.outvars:
+                d = alias.setdefault(v.id, {})
+                for p, ver in seen.items():
+                    d[p] = min(ver, d.get(p, ver))
+
+    out_of = {o: p for p, (_, o) in enumerate(state)}
+    alias_outs = []
+    for i, v in enumerate(graph.outvars):
+        if not isinstance(v, Var) or v.id not in alias:
+            continue
+        shares = {p: ver for p, ver in alias[v.id].items() if out_of.get(i) != p}
+        if shares:
+            alias_outs.append(i)
+        for p, ver in shares.items():
+            if p in chains and ver < len(updates[p]):
+                reasons[p] = reasons[p] or "a graph output is a view of the old state"
+
+    # readers of version v must run before update v (the one making version v + 1)
+    edges: list[tuple[int, int]] = []
+    for p in list(chains):
+        if reasons[p]:
+            continue
+        for j, ver in readers[p]:
+            if ver >= len(updates[p]) or j == updates[p][ver]:
+                continue
+            upd = updates[p][ver]
+            if backends[j] not in INPLACE_BACKENDS:
+                reasons[p] = f"the old state is read on {backends[j]} (asynchronous)"
+                break
+            if j in _descendants(upd, users):
+                reasons[p] = ("a reader of the old state also depends on the update "
+                              f"({eqns[j].primitive.name})")
+                break
+            edges.append((j, upd))
+    for p in list(chains):
+        if reasons[p]:
+            del chains[p]
+    edges = [(j, u) for j, u in edges if any(u in updates[p] for p in chains)]
+    order = _stable_topo(eqns, producer, edges) if edges else identity
+    if order is None:  # the orderings of several pairs contradict each other
+        for p in chains:
+            reasons[p] = "the updates of several state buffers cannot all run last"
+        chains, order = {}, identity
+    inplace = frozenset(j for p in chains for j in updates[p])
+    copy = tuple(p not in chains for p in range(len(state)))
+    return StatePlan(order, inplace, copy, tuple(reasons), tuple(alias_outs))
+
+
+def _descendants(j: int, users: list) -> set:
+    seen, stack = set(), [j]
+    while stack:
+        for u in users[stack.pop()]:
+            if u not in seen:
+                seen.add(u)
+                stack.append(u)
+    return seen
+
+
+def _stable_topo(eqns, producer, edges) -> list | None:
+    """Kahn's algorithm taking the lowest index first, with `edges` (before, after) added;
+    None on a cycle."""
+    n = len(eqns)
+    preds: list[set] = [set() for _ in range(n)]
+    for j, e in enumerate(eqns):
+        for a in e.invars:
+            if isinstance(a, Var) and a.id in producer:
+                preds[j].add(producer[a.id])
+    for before, after in edges:
+        preds[after].add(before)
+    succ: list[list] = [[] for _ in range(n)]
+    missing = [len(p) for p in preds]
+    for j, ps in enumerate(preds):
+        for i in ps:
+            succ[i].append(j)
+    ready = [j for j in range(n) if missing[j] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        j = heapq.heappop(ready)
+        order.append(j)
+        for u in succ[j]:
+            missing[u] -= 1
+            if missing[u] == 0:
+                heapq.heappush(ready, u)
+    return order if len(order) == n else None
