@@ -3,6 +3,8 @@
 Steps, each a plain function:
 1. `schedule`: equations in order; maximal runs of consecutive jax equations (transfers
    excluded) become one `jax.jit` region, so a whole-graph-on-jax plan is one XLA call.
+   `rebackend` already ordered the equations so that connected JAX work is consecutive
+   (`schedule.region_order`).
 2. slots: every value gets an index in one flat list; literals and constants are converted
    to their consumer's backend once, at lowering.
 3. `buffer_requests` → `tgx.planning.memory.plan_memory`: liveness over the schedule; values

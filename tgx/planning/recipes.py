@@ -171,17 +171,26 @@ def candidate_plans(graph, backends: Sequence[str], cost_model, dims: Mapping, *
 
 
 def measure_plans(graph, plans: Mapping, store, dims: Mapping, *, budget_s: float = 0.2,
-                  env_id: str | None = None, weights: Sequence[int] = ()) -> int:
+                  rounds: int = 3, env_id: str | None = None, weights: Sequence[int] = ()
+                  ) -> int:
     """Time each plan of {label: Plan} on random inputs at `dims` (checked against the
     reference evaluator; the inputs at positions `weights` bound once, as
     `tgx.compile(weights=...)` does) and record a GRAPH_RECIPE trace with the plan as its
-    payload; returns how many were measured (plans already measured at `dims` are skipped)."""
+    payload; returns how many were measured (plans already measured at `dims` are skipped).
+
+    Plans are timed round-robin: `rounds` passes in a shuffled order, `budget_s` per plan in
+    all, and a plan's figure is its fastest per-pass median. Thread pools outlive the call
+    that started them (torch's OpenMP workers, XLA's), so one plan timed right after another
+    can be slowed by it; taking each plan's best pass keeps that out of the comparison."""
+    import random
+    import time
     import warnings
 
     import numpy as np
 
     from ..graph import structural_hash
     from ..interpreters.evaluate import eval_graph_flat
+    from ..profiling import measure
     from ..profiling.pending import random_inputs
     from ..profiling.runner import profile
     from ..serialize import graph_to_bytes
@@ -205,23 +214,43 @@ def measure_plans(graph, plans: Mapping, store, dims: Mapping, *, budget_s: floa
     store.add_graph(structural_hash(graph), "graph", graph_to_bytes(graph))
     store.add_workload(ghash, {str(k): int(v) for k, v in dims.items()},
                        [(list(np.shape(a)), np.asarray(a).dtype.name) for a in args])
-    n = 0
+    recs: dict[str, dict] = {}
+    runs: dict[str, object] = {}
     for label, plan in plans.items():
         payload = plan_payload(plan, label)
         bs = sorted({b for e, b in zip(plan.graph.eqns, plan.graph.backends)
                      if e.primitive.name != "copy_to"}) or ["numpy"]
         impl = store.add_implementation("GRAPH_RECIPE", _name(weights), "+".join(bs),
                                         _digest(plan, weights), {"label": label}, payload)
-        if store.measured(ghash, impl, wkey, env_id):
+        if store.measured(ghash, impl, wkey, env_id) or impl in recs:
             continue
+        run = plan.compiled.run_flat
+        fn = (lambda *xs, run=run: _single(run(list(xs))))
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            run = plan.compiled.run_flat
-            profile(lambda *xs, run=run: _single(run(list(xs))), args, golden=_single(golden),
-                    atol=atol, rtol=rtol, store=store, graph_hash=ghash, impl=impl,
-                    workload=wkey, env_id=env_id, budget_s=budget_s)
-        n += 1
-    return n
+            # first pass: the accuracy check (and a first timing)
+            recs[impl] = profile(fn, args, golden=_single(golden), atol=atol, rtol=rtol,
+                                 graph_hash=ghash, impl=impl, workload=wkey, env_id=env_id,
+                                 budget_s=budget_s / rounds)
+        if recs[impl]["status"] == "PASSED":
+            runs[impl] = fn
+    order = list(runs)
+    rnd = random.Random(0)
+    for _ in range(rounds - 1):
+        rnd.shuffle(order)
+        for impl in order:
+            time.sleep(0.02)  # let the previous plan's thread pools go idle
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                t = measure(runs[impl], args, budget_s=budget_s / rounds)
+            rec = recs[impl]
+            if t.median_s < rec["median_s"]:
+                rec.update(median_s=t.median_s, spread=t.spread)
+            rec["min_s"] = min(rec["min_s"], t.min_s)
+            rec["samples"] = (rec.get("samples") or 0) + t.samples
+    if recs:
+        store.add_traces(list(recs.values()))
+    return len(recs)
 
 
 def measured_plans(graph, backends: Sequence[str], store, dims: Mapping,
