@@ -67,14 +67,26 @@ register_pytree_node(dict, lambda d: (tuple(d[k] for k in sorted(d)), tuple(sort
 register_pytree_node(type(None), lambda _: ((), None), lambda _, __: None)
 
 TreeDef = namedtuple("TreeDef", "node_type aux children")
+_NODES = {t: (t, _REGISTRY[t][1]) for t in (dict, tuple, list)}
 _LEAF = TreeDef(None, None, ())
+
+
+_NAMEDTUPLE_UNFLATTEN: dict[type, Callable] = {}
+
+
+def _namedtuple_unflatten(t: type) -> Callable:
+    # one function per class: TreeDefs of equal structure must compare (and hash) equal
+    fn = _NAMEDTUPLE_UNFLATTEN.get(t)
+    if fn is None:
+        fn = _NAMEDTUPLE_UNFLATTEN[t] = lambda _, c: t(*c)
+    return fn
 
 
 def _flatten_rule(x):
     t = type(x)
     rule = _REGISTRY.get(t)
     if rule is None and isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuples
-        return tuple(x), None, lambda _, c, t=t: t(*c)
+        return tuple(x), None, _namedtuple_unflatten(t)
     if rule is None:
         return None
     flatten, unflatten = rule
@@ -89,14 +101,28 @@ def tree_flatten(x: Any) -> tuple[list, TreeDef]:
     [2, 1]
     """
     leaves: list = []
+    append = leaves.append
+    # the containers every call passes, handled inline (this runs on every compiled call)
+    dict_node, tuple_node, list_node = _NODES[dict], _NODES[tuple], _NODES[list]
 
     def rec(x):
+        t = type(x)
+        if t is dict:
+            keys = tuple(sorted(x))
+            return TreeDef(dict_node, keys, tuple([rec(x[k]) for k in keys]))
+        if t is tuple:
+            return TreeDef(tuple_node, None, tuple([rec(c) for c in x]))
+        if t is list:
+            return TreeDef(list_node, None, tuple([rec(c) for c in x]))
+        if t is np.ndarray:
+            append(x)
+            return _LEAF
         r = _flatten_rule(x)
         if r is None:
-            leaves.append(x)
+            append(x)
             return _LEAF
         children, aux, unflatten = r
-        return TreeDef((type(x), unflatten), aux, tuple(rec(c) for c in children))
+        return TreeDef((t, unflatten), aux, tuple([rec(c) for c in children]))
 
     return leaves, rec(x)
 
