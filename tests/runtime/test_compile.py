@@ -196,3 +196,20 @@ def test_cuda_device_runs():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     assert str(tgx.Device.parse("cuda:0")) == "cuda:0"
+
+
+def test_namedtuple_arguments_trace_once():
+    import collections
+
+    Params = collections.namedtuple("Params", "w b")
+
+    @tgx.compile(policy="heuristic", backends=["numpy"])
+    def f(p, x):
+        return x @ p.w + p.b
+
+    rng = np.random.default_rng(0)
+    p = Params(rng.standard_normal((3, 2)).astype(np.float32), np.ones(2, np.float32))
+    for _ in range(3):
+        x = rng.standard_normal((4, 3)).astype(np.float32)
+        np.testing.assert_allclose(f(p, x), x @ p.w + p.b, rtol=1e-6)
+    assert f.trace_count == 1
