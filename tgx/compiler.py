@@ -20,13 +20,14 @@ from typing import Any
 
 from .core import Graph
 from .errors import BindingError, DTypeError, OutOfMemory, ShapeError, TgxError
-from .interpreters.lower import OWNED, lower
+from .interpreters.lower import OWNED, lower, owned
 from .interpreters.rebackend import BackendGraph, rebackend
 from .planning.memory import format_bytes
 from .planning.candidates import accepted_kernels
 from .planning.policies import (
     HINT, assign_backends, check_backends, choose_kernels, decompose_unsupported, primary_backend,
 )
+from .runtime import Device
 from .shapes import ShapedArray, Spec, aval_of, free_symbols, shape_str, shapes_provably_equal
 from .tracing import (
     leaf_names, trace_to_graph, tree_flatten, tree_structure_str, tree_unflatten,
@@ -71,8 +72,10 @@ class Plan:
     def __init__(self, graph: Graph, bgraph: BackendGraph, kernels: list, compiled,
                  policy: str, memory_budget=None, return_backend_arrays: bool = False,
                  estimates: list | None = None, dims: Mapping | None = None,
-                 predicted_s: float | None = None):
+                 predicted_s: float | None = None, device: str = "cpu"):
         self.source_graph = graph
+        #: where the torch / jax equations run ("cpu", "cuda:0"); NumPy runs on the host
+        self.device = str(Device.parse(device))
         #: per equation of `graph`: the `Estimate` the selection used (None for heuristic)
         self.estimates = estimates
         #: the concrete binding the estimates are for
@@ -133,7 +136,8 @@ class Plan:
         from .pretty import pp_eqn, var_namer
 
         name = var_namer(self.graph)
-        lines = [f"Plan (policy {self.policy}): {self.summary()}"]
+        on = f", device {self.device}" if self.device != "cpu" else ""
+        lines = [f"Plan (policy {self.policy}{on}): {self.summary()}"]
         if self.estimates is not None:
             at = ", ".join(f"{k}={v}" for k, v in self.dims.items()) or "static shapes"
             lines.append(f"predicted {self.predicted_s * 1e6:.1f} µs at {at}")
@@ -173,9 +177,10 @@ class Plan:
             hint = {s: 64 for s in mem.symbols}
             est = self.estimate_memory(**hint)
             at = ", ".join(f"{k}={v}" for k, v in hint.items())
+            lib = OWNED if self.device == "cpu" else f"{OWNED} and {owned(self.device)}"
             lines.append(f"  estimate{f' at {at}' if at else ''}: "
                          + ", ".join(f"{d}: {format_bytes(b)}" for d, b in est.items())
-                         + f" (values on {OWNED} are owned by their library)")
+                         + f" (values on {lib} are owned by their library)")
         return "\n".join(lines)
 
     __repr__ = __str__
@@ -191,7 +196,8 @@ def plan_graph(graph: Graph, *, policy: str = "fastest", backends: Sequence[str]
                memory_budget=None, return_backend_arrays: bool = False,
                in_names: Sequence[str] | None = None, store=None,
                tolerance: float | None = None, dims: Mapping[str, int] | None = None,
-               weights: Sequence[int] = (), state: Sequence[tuple[int, int]] = ()) -> Plan:
+               weights: Sequence[int] = (), state: Sequence[tuple[int, int]] = (),
+               device: str = "cpu") -> Plan:
     """Choose a kernel per equation of `graph`, insert transfers, lower: a `Plan`.
 
     `weights`: indices of the graph inputs that are weights (converted to their backends once
@@ -201,10 +207,24 @@ def plan_graph(graph: Graph, *, policy: str = "fastest", backends: Sequence[str]
 
     "fastest" and "explore" choose at the concrete binding `dims` (default: every symbol at
     64) with `store` (default: `BenchmarkStore()`).
+
+    `device` ("cpu", "cuda:0"): where the torch and jax equations run (NumPy's stay on the
+    host); a device no allowed backend can reach is a `KernelError` naming it and why. On a
+    GPU the measured policies fall back to the heuristic plan (the profiler and the store's
+    figures are CPU-only), and `plan.policy` says so.
     """
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r} (expected one of {POLICIES})")
-    backends = check_backends(backends)
+    device = str(Device.parse(device))
+    backends = check_backends(backends, device)
+    if policy != "heuristic" and device != "cpu":
+        plan = plan_graph(graph, policy="heuristic", backends=backends,
+                          memory_budget=memory_budget,
+                          return_backend_arrays=return_backend_arrays, in_names=in_names,
+                          weights=weights, state=state, device=device)
+        plan.policy = (f"heuristic (device {device}: the benchmark store's selection is "
+                       f"CPU-only, so {policy!r} falls back)")
+        return plan
     if policy != "heuristic":
         plan = _measured_plan(graph, policy, backends, memory_budget, return_backend_arrays,
                               in_names, store, tolerance, dims, weights)
@@ -215,11 +235,12 @@ def plan_graph(graph: Graph, *, policy: str = "fastest", backends: Sequence[str]
             plan.compiled.state_backend_arrays = return_backend_arrays
         return plan
     g = decompose_unsupported(graph, backends, primary_backend(backends))
-    assign = assign_backends(g, backends)
-    bg = rebackend(g, assign, outputs=None if return_backend_arrays else "numpy")
+    assign = assign_backends(g, backends, device=device)
+    bg = rebackend(g, assign, outputs=None if return_backend_arrays else "numpy", device=device)
     kernels = choose_kernels(bg, bg.backends)
-    cg = lower(bg, kernels, in_names=in_names, weights=weights, state=state)
-    return Plan(graph, bg, kernels, cg, policy, memory_budget, return_backend_arrays)
+    cg = lower(bg, kernels, in_names=in_names, weights=weights, state=state, device=device)
+    return Plan(graph, bg, kernels, cg, policy, memory_budget, return_backend_arrays,
+                device=device)
 
 
 def _measured_plan(graph, policy, backends, memory_budget, return_backend_arrays, in_names,
@@ -251,8 +272,12 @@ def _measured_plan(graph, policy, backends, memory_budget, return_backend_arrays
             plan = plan_from_payload(m.payload, graph, policy=policy, **kw)
         except SerializationError:  # a kernel changed since: the next one
             continue
-        plan.policy = f"{policy} (measured plan {m.label}: {m.median_s * 1e6:.0f} us)"
-        plan.predicted_s, plan.dims = m.median_s, dims
+        at = ", ".join(f"{k}={v}" for k, v in m.dims.items())
+        near = "" if m.dims == {str(k): int(v) for k, v in dims.items()} else \
+            " (the nearest measured binding)"
+        plan.policy = (f"{policy} (measured plan {m.label}: {m.median_s * 1e6:.0f} us"
+                       + (f" at {at}{near}" if at else "") + ")")
+        plan.predicted_s, plan.dims = m.median_s, dict(m.dims)
         return plan
     sel = select(graph, backends, cm, dims, weights=weights)
     h_cost = heuristic_cost(graph, backends, cm, dims, weights) if tolerance is None else None
@@ -300,15 +325,17 @@ class Compiled:
 
     def __init__(self, fn: Callable, *, policy="fastest", backends=None, dynamic=None,
                  store=None, tolerance=None, memory_budget=None, return_backend_arrays=False,
-                 weights=None, state=None):
+                 weights=None, state=None, device="cpu"):
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r} (expected one of {POLICIES})")
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.policy = policy
+        #: where the torch / jax equations run; checked now, so a missing GPU fails here
+        self.device = str(Device.parse(device))
         self.backends = None if backends is None else list(backends)
-        if self.backends is not None:
-            check_backends(self.backends)
+        if self.backends is not None or self.device != "cpu":
+            check_backends(self.backends, self.device)
         self.dynamic = dict(dynamic or {})
         self.store = store          # kept for the selection policies ("fastest", "explore")
         self.tolerance = tolerance  # idem
@@ -418,7 +445,8 @@ class Compiled:
                               memory_budget=self.memory_budget,
                               return_backend_arrays=self.return_backend_arrays, in_names=names,
                               store=self.store, tolerance=self.tolerance, dims=dims,
-                              weights=self._weight_leaves.get(tree, ()), state=state)
+                              weights=self._weight_leaves.get(tree, ()), state=state,
+                              device=self.device)
             self._plans[key] = plan
         return plan
 
@@ -504,7 +532,8 @@ def _state_pairs(graph: Graph, info: tuple, fname: str) -> tuple:
 def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A001
             backends: Sequence[str] | None = None, dynamic: Mapping | None = None,
             store=None, tolerance: float | None = None, memory_budget=None,
-            return_backend_arrays: bool = False, weights=None, state=None):
+            return_backend_arrays: bool = False, weights=None, state=None,
+            device: str = "cpu"):
     """Compile `fn`: trace per abstract signature, choose kernels, plan buffers, run flat.
 
     Usable as `@tgx.compile` or `@tgx.compile(backends=["torch"], dynamic={"x": {0: "N"}})`.
@@ -533,6 +562,18 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
     caller's array once per call. State arrays must be writable, C-contiguous NumPy arrays
     (CPU torch tensors with `return_backend_arrays=True`), and are accounted as *state* memory.
 
+    `device` ("cpu", the default; "cuda:0", "cuda:1" …): where the torch and jax equations
+    run (NumPy equations always run on the host). Checked at once: a CUDA device that torch
+    cannot see (`torch.cuda.is_available()` is False), or that jax has no gpu for when only
+    jax is allowed, raises a `tgx.KernelError` naming the device and why. On a GPU the
+    HEURISTIC rules keep every equation on the device backends (torch first), device values
+    are owned by torch's caching allocator / XLA (`plan.estimate_memory()` reports them under
+    "cuda:0"; `memory_budget={"cuda:0": n}` limits them), weights are copied to the device
+    once, results come back as NumPy arrays (device tensors with `return_backend_arrays`),
+    and "fastest"/"explore" fall back to the heuristic plan (the store's figures are CPU
+    timings; `plan.policy` says so). State arrays are then copied to the device and back
+    every call.
+
     >>> import numpy as np, tgx, tgx.numpy as tnp
     >>> @tgx.compile(state="cache", policy="heuristic", backends=["numpy"])
     ... def step(x, cache, pos):
@@ -545,7 +586,8 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
     """
     kw = dict(policy=policy, backends=backends, dynamic=dynamic, store=store,
               tolerance=tolerance, memory_budget=memory_budget,
-              return_backend_arrays=return_backend_arrays, weights=weights, state=state)
+              return_backend_arrays=return_backend_arrays, weights=weights, state=state,
+              device=device)
     if fn is None:
         return lambda f: Compiled(f, **kw)
     return Compiled(fn, **kw)

@@ -34,6 +34,8 @@ def store(tmp_path):
 def plant(store, graph, dims, label, plan, median_s, status="PASSED", weights=()):
     """Record `plan` as measured at `median_s` without timing it."""
     ghash, wkey = recipes._graph_keys(graph, dims)
+    inputs = [([dims["N"]], v.aval.dtype.name) for v in graph.invars]
+    assert store.add_workload(ghash, dict(dims), inputs) == wkey
     payload = recipes.plan_payload(plan, label)
     bs = sorted({b for e, b in zip(plan.graph.eqns, plan.graph.backends)
                  if e.primitive.name != "copy_to"})
@@ -84,7 +86,7 @@ def test_fastest_takes_the_fastest_measured_plan(store):
     np.testing.assert_allclose(c(x), ref(x), rtol=1e-6)
 
 
-def test_measured_plans_on_other_backends_or_bindings_are_not_used(store):
+def test_measured_plans_on_other_backends_are_not_used(store):
     g = tgx.make_graph(f)(tgx.Spec(("N",)))
     if len(BACKENDS) > 1:
         plant(store, g, {"N": 64}, "other", plan_graph(g, policy="heuristic",
@@ -93,8 +95,9 @@ def test_measured_plans_on_other_backends_or_bindings_are_not_used(store):
                                                       backends=["numpy"]), 1e-9)
     plan = tgx.compile(f, policy="fastest", backends=["numpy"], store=store).lower(
         tgx.Spec(("N",)))
-    assert "measured plan" not in plan.policy
-    assert recipes.best_measured(g, ["numpy"], store, {"N": 64}) is None
+    # only the numpy plan measured at N=8 qualifies, as the nearest measured binding
+    assert "measured plan elsewhere" in plan.policy and plan.dims == {"N": 8}
+    assert recipes.measured_plans(g, ["numpy"], store, {"N": 64}, nearest=False) == []
 
 
 def test_plan_with_bound_weights_is_a_different_candidate(store):
@@ -138,3 +141,20 @@ def test_explore_measures_the_shortlist_once_and_fastest_uses_it(store):
     x = np.linspace(-2, 1, 32).astype(np.float32)
     np.testing.assert_allclose(c(x), ref(x), rtol=1e-5)
     assert f"measured plan {found[0].label}" in c.lower(tgx.Spec(("N",))).policy
+
+
+def test_an_unmeasured_binding_uses_the_nearest_measured_one(store):
+    g = tgx.make_graph(f)(tgx.Spec(("N",)))
+    fast = plan_graph(g, policy="heuristic", backends=[BACKENDS[-1]])
+    plant(store, g, {"N": 64}, "near", fast, 1e-6)
+    plant(store, g, {"N": 4096}, "far", plan_graph(g, policy="heuristic",
+                                                   backends=["numpy"]), 1e-9)
+    found = recipes.measured_plans(g, BACKENDS, store, {"N": 50})
+    assert [m.label for m in found] == ["near"] and found[0].dims == {"N": 64}
+    assert recipes.measured_plans(g, BACKENDS, store, {"N": 50}, nearest=False) == []
+    c = tgx.compile(f, policy="fastest", backends=BACKENDS, store=store,
+                    dynamic={"x": {0: "N"}})
+    x = np.linspace(-2, 1, 50).astype(np.float32)
+    np.testing.assert_allclose(c(x), ref(x), rtol=1e-6)
+    plan = c.lower(tgx.Spec(("N",)))
+    assert "nearest measured binding" in plan.policy and plan.dims == {"N": 64}

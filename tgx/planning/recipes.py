@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PLAN_NAME = "measured-plan"
 PAYLOAD_FORMAT = 1
@@ -46,6 +47,8 @@ class MeasuredPlan:
     label: str
     payload: bytes
     impl: str
+    #: the binding it was measured at (the one asked for, or the nearest measured one)
+    dims: dict = field(default_factory=dict)
 
 
 def _graph_keys(graph, dims: Mapping) -> tuple[str, str]:
@@ -254,14 +257,44 @@ def measure_plans(graph, plans: Mapping, store, dims: Mapping, *, budget_s: floa
 
 
 def measured_plans(graph, backends: Sequence[str], store, dims: Mapping,
-                   env_id: str | None = None, weights: Sequence[int] = ()
-                   ) -> list[MeasuredPlan]:
-    """The plans of `graph` measured (PASSED) at `dims` on this machine that use only
-    `backends` and bind weights as `weights` says, fastest first."""
+                   env_id: str | None = None, weights: Sequence[int] = (), *,
+                   nearest: bool = True) -> list[MeasuredPlan]:
+    """The plans of `graph` measured (PASSED) on this machine that use only `backends` and
+    bind weights as `weights` says, fastest first, at the binding `dims`.
+
+    With `nearest` and nothing measured at `dims`, the plans of the *nearest measured binding*
+    (the one whose total input elements are closest in log-space, the rule the cost model
+    uses for kernels; see `MeasuredPlan.dims`): which plan is fastest changes slowly with
+    the size, and a measured plan at another size beats a prediction at this one."""
     from ..store import environment_id, sniff_environment
 
     env_id = env_id or environment_id(sniff_environment())
     ghash, wkey = _graph_keys(graph, dims)
+    found = _measured_at(store, ghash, wkey, env_id, backends, weights, dict(dims))
+    if found or not nearest:
+        return found
+    here = _elements(graph, dims)
+    best = None
+    for wl in store.workloads_for(ghash, env_id):
+        if wl["key"] == wkey or wl["axes"] is None or wl["inputs"] is None:
+            continue
+        dist = abs(math.log(max(1, sum(math.prod(s) for s, _ in wl["inputs"])))
+                   - math.log(max(1, here)))
+        if best is None or dist < best[0]:
+            at = _measured_at(store, ghash, wl["key"], env_id, backends, weights, wl["axes"])
+            if at:
+                best = (dist, at)
+    return best[1] if best else []
+
+
+def _elements(graph, dims: Mapping) -> int:
+    from ..shapes import eval_dim, sym
+
+    env = {sym(str(k)): int(v) for k, v in dims.items()}
+    return sum(math.prod(eval_dim(d, env) for d in v.aval.shape) for v in graph.invars)
+
+
+def _measured_at(store, ghash, wkey, env_id, backends, weights, axes) -> list[MeasuredPlan]:
     best: dict[str, float] = {}
     for t in store.traces(graph_hash=ghash, workload=wkey, env_id=env_id, status="PASSED"):
         if t.get("median_s") is not None:
@@ -274,7 +307,7 @@ def measured_plans(graph, backends: Sequence[str], store, dims: Mapping,
                 or not rec["payload"] or not set(rec["backend"].split("+")) <= allowed):
             continue
         label = (rec.get("requirements") or {}).get("label", rec["backend"])
-        out.append(MeasuredPlan(median, label, rec["payload"], impl))
+        out.append(MeasuredPlan(median, label, rec["payload"], impl, dict(axes)))
     return out
 
 
