@@ -1,7 +1,9 @@
 """Devices, workspaces and `CompiledGraph`: the flat instruction list and its run loop.
 
 A `Device` is a memory space (`cpu`, `cuda:0`) that several backends share: NumPy and torch
-CPU kernels both write into the one CPU workspace. A `CompiledGraph` holds instructions
+CPU kernels both write into the one CPU workspace. On a CUDA device (`tgx.compile(device=)`)
+the torch / jax values are owned by their library (torch's caching allocator, XLA) and only
+host (NumPy) values use the CPU workspace. A `CompiledGraph` holds instructions
 `(kernel, input slots, output slots)` over a flat list of slots; `run` binds the symbolic dims
 from the argument shapes, fetches the *specialization* for that binding (kernels with their
 params and workspace views baked in, built once per binding and cached), and runs one plain
@@ -44,11 +46,15 @@ class Device:
 
     @staticmethod
     def parse(name: str | Device) -> Device:
+        """`"cpu"`, `"cuda"` (= `"cuda:0"`) or `"cuda:<index>"`; anything else is a
+        `KernelError` naming the string."""
         if isinstance(name, Device):
             return name
-        kind, _, idx = str(name).partition(":")
-        if kind not in ("cpu", "cuda"):
-            raise KernelError(f"unknown device {name!r} (expected 'cpu' or 'cuda:<index>')")
+        kind, colon, idx = str(name).strip().partition(":")
+        if kind not in ("cpu", "cuda") or (colon and not idx.isdigit()) or (
+                kind == "cpu" and idx not in ("", "0")):
+            raise KernelError(f"unknown device {name!r} (expected 'cpu', 'cuda' or "
+                              f"'cuda:<index>')")
         return Device(kind, int(idx or 0))
 
     def __str__(self) -> str:
@@ -64,6 +70,57 @@ def cuda_available() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+def device_unavailable_reason(device: str | Device, backend: str) -> str | None:
+    """Why `backend` cannot run kernels on `device`, or None when it can.
+
+    Every backend runs on the CPU; on `cuda:<i>`, torch needs `torch.cuda.is_available()` and
+    at least i+1 devices, jax needs a gpu platform with at least i+1 devices, and NumPy never
+    can (it is host-only: NumPy equations of a CUDA plan run on the host).
+
+    >>> device_unavailable_reason("cpu", "torch") is None
+    True
+    >>> device_unavailable_reason("cuda:0", "numpy")
+    'numpy runs on the host (cpu) only'
+    """
+    dev = Device.parse(device)
+    if dev.kind == "cpu":
+        return None
+    if backend == "numpy":
+        return "numpy runs on the host (cpu) only"
+    if backend == "torch":
+        if not _installed("torch"):
+            return "torch is not installed"
+        import torch
+
+        if not torch.cuda.is_available():
+            build = "" if torch.version.cuda else ", a CPU-only build"
+            return f"torch.cuda.is_available() is False (torch {torch.__version__}{build})"
+        n = torch.cuda.device_count()
+        if dev.index >= n:
+            return f"torch sees {n} CUDA device(s), so there is no {dev}"
+        return None
+    if backend == "jax":
+        if not _installed("jax"):
+            return "jax is not installed"
+        import jax
+
+        try:
+            gpus = jax.devices("gpu")
+        except RuntimeError as e:  # a CPU-only jaxlib: "Unknown backend: 'gpu' requested…"
+            return f"jax has no gpu device (jax.devices('gpu') failed: {e})"
+        if dev.index >= len(gpus):
+            return f"jax sees {len(gpus)} gpu device(s), so there is no {dev}"
+        return None
+    return f"backend {backend!r} does not run on {dev}"
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+    import sys
+
+    return module in sys.modules or importlib.util.find_spec(module) is not None
 
 
 def allocate_workspace(nbytes: int) -> np.ndarray:

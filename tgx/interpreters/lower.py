@@ -10,7 +10,9 @@ Steps, each a plain function:
 3. `buffer_requests` → `tgx.planning.memory.plan_memory`: liveness over the schedule; values
    written by `out=` kernels on the CPU go into one 64-byte aligned workspace (in place of an
    elementwise input that dies there); other values are owned by their library (XLA, torch,
-   NumPy allocations) and accounted on a pseudo-device `<device>/owned`.
+   NumPy allocations) and accounted on a pseudo-device `<device>/owned`. On a GPU `device`
+   the torch and jax values are all library-owned (`cuda:0/owned`: torch's caching
+   allocator, XLA); NumPy values keep the CPU workspace.
 4. weights (`weights=`: argument indices): their `copy_to`s are not instructions; the runtime
    converts each weight to every backend that needs it once per bound array object
    (`CompiledGraph.bind_weights`), and the buffer plan accounts them as *persistent*.
@@ -38,28 +40,53 @@ from .rebackend import graph_backends
 from .state import inplace_fn, plan_state
 
 OWNED = "cpu/owned"
+HOST = "cpu"
 
 
-def _to_backend(value, backend: str):
+def owned(device: str) -> str:
+    """The pseudo-device of the values a library allocates on `device` (`"cuda:0/owned"`)."""
+    return f"{device}/owned"
+
+
+def _backend_device(backend: str, device: str) -> str:
+    """Where `backend`'s values live in a plan for `device`: NumPy on the host, others there."""
+    return HOST if backend == "numpy" else device
+
+
+def _to_backend(value, backend: str, device: str = HOST):
     from ..lowerings.transfers import CONVERTERS
 
-    return CONVERTERS[backend](value)
+    return CONVERTERS[backend](value, device=_backend_device(backend, device))
 
 
 def _params(eqn, dims):
     return {k: concretize(v, dims) for k, v in eqn.params.items()}
 
 
-def _single(eqn, kernel, backend):
+def _single(eqn, kernel, backend, device: str = HOST):
     def build(dims, out):
         params = _params(eqn, dims)
         if kernel.writes_out and out is None:  # not in the workspace: a fresh array per call
             return _fresh_out(kernel.fn, params, eqn.outvars[0].aval, dims, backend)
         fn = kernel_callable(kernel, params, out if kernel.writes_out else None)
         if not kernel.dtype_exact and not eqn.primitive.multiple_results:
-            return _cast(fn, eqn.outvars[0].aval.dtype)
+            fn = _cast(fn, eqn.outvars[0].aval.dtype)
+        if not eqn.invars and backend != "numpy" and device != HOST:
+            # no input to take the device from (iota, dim_as_value): torch builds on the CPU
+            fn = _moved(fn, backend, device)
         return fn
     return build
+
+
+def _moved(fn, backend, device):
+    """`fn` with its (single) result converted to `backend` on `device`."""
+    from ..lowerings.transfers import CONVERTERS
+
+    conv = CONVERTERS[backend]
+
+    def run(*xs):
+        return conv(fn(*xs), device=device)
+    return run
 
 
 def _cast(fn, dtype):
@@ -130,10 +157,19 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
     """Lower `graph` (a `BackendGraph` or a plain graph on NumPy) with `kernels[i]` running
     equation i. `weights`: indices of the graph inputs that are weights (bound once, see
     `CompiledGraph.bind_weights`). `state`: (input index, output index) pairs of state
-    buffers (the output is written into the caller's input array; see `tgx.compile`)."""
+    buffers (the output is written into the caller's input array; see `tgx.compile`).
+
+    `device`: where the torch and jax equations run (the `copy_to`s of `graph` say so too, see
+    `rebackend`); literals and constants are converted there. On a GPU device their values
+    are library-owned, never in the CPU workspace. This function does not check that the
+    device exists (`tgx.compile` / `plan_graph` do)."""
+    from ..runtime import Device
+
+    device = str(Device.parse(device))
     backends = graph_backends(graph)
-    # state: in-place updates, and a schedule running readers of an old value before them
-    sp = plan_state(graph, graph.eqns, backends, kernels, state, device)
+    # state: in-place updates, and a schedule running readers of an old value before them.
+    # The state buffers are the caller's host arrays: only transfers on the host are zero-copy.
+    sp = plan_state(graph, graph.eqns, backends, kernels, state, HOST)
     order = sp.order
     eqns = [graph.eqns[j] for j in order]
     backends = [backends[j] for j in order]
@@ -151,13 +187,24 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
     lit_slots: dict[tuple, int] = {}
     const_value = {v.id: c for v, c in zip(graph.constvars, graph.consts)}
 
+    const_dev: dict[int, str] = {}  # slot -> device of the constant
+
     def lit_slot(a: Literal, backend: str) -> int:
         key = (repr(a.val), a.aval.dtype.str, backend)
         s = lit_slots.get(key)
         if s is None:
             s = lit_slots[key] = 1_000_000_000 + len(lit_slots)  # renumbered below
-            consts[s] = _to_backend(np.asarray(a.val, a.aval.dtype), backend)
+            consts[s] = _to_backend(np.asarray(a.val, a.aval.dtype), backend, device)
+            const_dev[s] = _backend_device(backend, device)
         return s
+
+    # where each value lives: inputs and constants on the host, a copy_to's result where it
+    # says, any other result where its backend runs
+    dev_of: dict[int, str] = {v.id: HOST for v in (*graph.constvars, *graph.invars)}
+    for e, b in zip(eqns, backends):
+        d = e.params.get("device", HOST) if _is_transfer(e) else _backend_device(b, device)
+        for v in e.outvars:
+            dev_of[v.id] = d
 
     for v, c in zip(graph.constvars, graph.consts):
         consts[slot_of(v)] = np.asarray(c)
@@ -171,7 +218,12 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
             return False
         src = e.invars[0].id
         if src in const_value:
-            consts[slot_of(e.outvars[0])] = _to_backend(const_value[src], e.params["backend"])
+            from ..lowerings.transfers import CONVERTERS
+
+            dev = e.params.get("device", HOST)
+            consts[slot_of(e.outvars[0])] = CONVERTERS[e.params["backend"]](
+                const_value[src], device=dev)
+            const_dev[slot_of(e.outvars[0])] = dev
             return True
         if src in weight_of:
             weight_copies.append((weight_of[src], slot_of(e.outvars[0]), e.params["backend"],
@@ -210,7 +262,8 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
                 ins = tuple(lit_slot(a, b) if isinstance(a, Literal) else slot_of(a)
                             for a in e.invars)
                 instrs.append(Instruction(
-                    repr(k), b, _single(e, k, b), ins, tuple(slot_of(v) for v in e.outvars),
+                    repr(k), b, _single(e, k, b, device), ins,
+                    tuple(slot_of(v) for v in e.outvars),
                     tuple(v.aval for v in e.outvars), (order[i0],),
                     k.writes_out and len(e.outvars) == 1,
                     k.returns_view, k.inplace_ok))
@@ -219,9 +272,13 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
             i += 1
             continue
         ins = tuple(lit_slot(a, b) if isinstance(a, Literal) else slot_of(a) for a in e.invars)
-        view = k.returns_view or (_is_transfer(e) and e.params.get("device", "cpu") == device)
+        view = k.returns_view
+        if _is_transfer(e):  # may share memory with its input when both are on one device
+            x = e.invars[0]
+            src = dev_of.get(x.id, HOST) if isinstance(x, Var) else HOST
+            view = src == e.params.get("device", HOST)
         instrs.append(Instruction(
-            repr(k), b, _single(e, k, b), ins, tuple(slot_of(v) for v in e.outvars),
+            repr(k), b, _single(e, k, b, device), ins, tuple(slot_of(v) for v in e.outvars),
             tuple(v.aval for v in e.outvars), (order[i],), k.writes_out and len(e.outvars) == 1,
             view, k.inplace_ok))
         i += 1
@@ -231,6 +288,9 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
     # literal slots were numbered out of range; move them after the values
     remap = {s: len(slot) + n for n, s in enumerate(sorted(lit_slots.values()))}
     consts = {remap.get(s, s): c for s, c in consts.items()}
+    const_dev = {remap.get(s, s): d for s, d in const_dev.items()}
+    slot_dev = {slot[i]: d for i, d in dev_of.items() if i in slot}
+    slot_dev.update(const_dev)
     for ins in instrs:
         ins.ins = tuple(remap.get(s, s) for s in ins.ins)
     out_slots = [remap.get(s, s) for s in out_slots]
@@ -238,12 +298,14 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
 
     symbols = sorted(set().union(*[free_symbols(v.aval.shape) for v in graph.invars]),
                      key=lambda s: s.name)
-    persistent = [(f"w{a}", _nbytes(graph.invars[a].aval), device) for a in sorted(weights)]
+    # the caller's weight and state arrays are host (NumPy) arrays; copies live where they go
+    persistent = [(f"w{a}", _nbytes(graph.invars[a].aval), HOST) for a in sorted(weights)]
     persistent += [(f"w{a}@{b}", _nbytes(graph.invars[a].aval), dev)
-                   for a, _, b, dev in weight_copies if not _zero_copy(b, dev, device)]
-    state_bufs = [(f"s{a}", _nbytes(graph.invars[a].aval), device) for a, _ in state]
+                   for a, _, b, dev in weight_copies if not _zero_copy(b, dev)]
+    state_bufs = [(f"s{a}", _nbytes(graph.invars[a].aval), HOST) for a, _ in state]
     workspace, memory, dead = plan_buffers(graph, instrs, in_slots, out_slots, consts, slot,
-                                           use_workspace, device, persistent, state_bufs)
+                                           use_workspace, HOST, persistent, state_bufs,
+                                           slot_dev)
     names = list(in_names) if in_names else leaf_names(graph.in_tree, len(graph.invars))
     return CompiledGraph(n_slots=n_slots, in_slots=in_slots, in_avals=graph.in_avals,
                          in_names=names, out_slots=out_slots, consts=consts,
@@ -254,9 +316,9 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
                          state_reasons=sp.reasons, state_alias_outs=sp.alias_outs)
 
 
-def _zero_copy(backend: str, dev: str, host: str) -> bool:
+def _zero_copy(backend: str, dev: str) -> bool:
     """Whether converting a host NumPy array to `backend` on `dev` shares its memory."""
-    return dev == host and backend in ("numpy", "torch")
+    return dev == HOST and backend in ("numpy", "torch")
 
 
 def _region_instruction(graph, schedule, eqns, kernels, slot_of, idx, end):
@@ -284,11 +346,15 @@ def _nbytes(aval):
 
 
 def plan_buffers(graph, instrs, in_slots, out_slots, consts, slot, use_workspace, device,
-                 persistent=(), state=()):
+                 persistent=(), state=(), slot_dev=None):
     """Liveness, workspace requests, in-place aliases → (slot→buffer, MemoryPlan, dead lists).
 
+    `device`: the device of the workspace (the host); `slot_dev`: slot → device of its value
+    (default: all on `device`); only values on `device` written by `out=` kernels go into
+    the workspace, the others are library-owned (`<their device>/owned`).
     `persistent`: (name, bytes, device) of bound weights, accounted as persistent buffers;
     `state`: (name, bytes, device) of state buffers (the caller's arrays), accounted as state."""
+    slot_dev = slot_dev or {}
     aval_of = {}
     for v in (*graph.constvars, *graph.invars):
         aval_of[slot[v.id]] = v.aval
@@ -328,8 +394,9 @@ def plan_buffers(graph, instrs, in_slots, out_slots, consts, slot, use_workspace
             if roots[s] != frozenset((s,)):
                 continue
             nbytes = _nbytes(aval_of[s])
+            dev = slot_dev.get(s, device)
             in_ws = (use_workspace and ins.writes_out and ins.backend in ("numpy", "torch")
-                     and s not in protected)
+                     and dev == device and s not in protected)
             inplace = None
             if in_ws and ins.inplace_ok and ins.ins:
                 x = ins.ins[0]
@@ -344,10 +411,11 @@ def plan_buffers(graph, instrs, in_slots, out_slots, consts, slot, use_workspace
                 workspace[s] = f"v{s}"
                 reqs.append(BufferRequest(f"v{s}", nbytes, t, e, device, inplace_of=inplace))
             else:
-                reqs.append(BufferRequest(f"v{s}", nbytes, t, min(e, n), OWNED))
+                reqs.append(BufferRequest(f"v{s}", nbytes, t, min(e, n), owned(dev)))
     for s, c in consts.items():
         nb = int(getattr(c, "nbytes", 0))
-        reqs.append(BufferRequest(f"c{s}", nb, -1, n, device, kind="persistent"))
+        reqs.append(BufferRequest(f"c{s}", nb, -1, n, slot_dev.get(s, device),
+                                  kind="persistent"))
     for name, nb, dev in persistent:
         reqs.append(BufferRequest(name, nb, -1, n, dev, kind="persistent"))
     for name, nb, dev in state:

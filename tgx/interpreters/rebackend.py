@@ -57,14 +57,14 @@ class BackendGraph(Graph):
     __repr__ = __str__
 
 
-def _normalize(graph: Graph, assign) -> list[str]:
+def _normalize(graph: Graph, assign, device: str = "cpu") -> list[str]:
     n = len(graph.eqns)
     if isinstance(assign, str):
         if assign in ("numpy", "torch", "jax"):
             return [assign] * n
         from ..planning.policies import assign_backends
 
-        return assign_backends(graph, policy=assign)
+        return assign_backends(graph, policy=assign, device=device)
     if isinstance(assign, Mapping):
         missing = [i for i in range(n) if i not in assign]
         if missing:
@@ -83,8 +83,14 @@ def rebackend(graph: Graph, assign: Mapping[int, str] | Callable[[Eqn], str] | s
     `assign`: a dict eqn-index → backend, a function eqn → backend, a list, a backend name for
     every equation, or a policy name ("heuristic"). Equations of the input that are `copy_to`
     carry no work: they are dropped and re-inserted only where a consumer needs them.
+
+    `device`: where the non-NumPy backends run (`"cpu"`, `"cuda:0"`): a `copy_to` to torch or
+    jax carries it, a `copy_to` to NumPy always carries `"cpu"` (NumPy is host-only).
     """
-    names = _normalize(graph, assign)
+    from ..runtime import Device
+
+    device = str(Device.parse(device))
+    names = _normalize(graph, assign, device)
     backends: list[str] = []
     with GraphBuilder() as b:
         args = [b.new_arg(v.aval, v.hint) for v in graph.invars]
@@ -101,7 +107,8 @@ def rebackend(graph: Graph, assign: Mapping[int, str] | Callable[[Eqn], str] | s
             copies = where[a.id]
             if backend not in copies:
                 src = next(iter(copies.values()))
-                copies[backend] = copy_to_p.bind(src, backend=backend, device=device)
+                copies[backend] = copy_to_p.bind(
+                    src, backend=backend, device="cpu" if backend == HOST else device)
                 backends.append(backend)
             return copies[backend]
 

@@ -6,6 +6,8 @@
 - jax (CPU) → NumPy: `np.asarray` shares XLA's buffer (the result is read-only).
 - NumPy → jax: `jax.device_put` (copies: XLA owns its buffers).
 - torch ↔ jax: DLPack, which shares memory on one device.
+- `device="cuda:<i>"`: NumPy → torch / jax copies to that GPU (`Tensor.to`, `jax.device_put`);
+  torch / jax → NumPy copies back to the host; torch ↔ jax on one GPU stays zero-copy.
 
 Every function accepts an array of any backend.
 """
@@ -82,20 +84,26 @@ def to_jax(x, device: str = "cpu"):
     import jax
 
     if isinstance(x, jax.Array):
-        return x
+        if device == "cpu":
+            return x
+        dev = _jax_device(device)
+        return x if x.devices() == {dev} else jax.device_put(x, dev)
     if not jax.config.jax_enable_x64:  # x64 comes with the backend (see jax_backend)
         from . import load_backend
 
         load_backend("jax")
     if _is_torch(x):
         try:
-            return jax.dlpack.from_dlpack(x.contiguous())
+            r = jax.dlpack.from_dlpack(x.contiguous())
         except Exception:  # e.g. bool tensors on some versions: through NumPy
             x = to_numpy(x)
+        else:  # DLPack keeps the tensor's device: move it when it is not `device`
+            return to_jax(r, device)
     return jax.device_put(np.asarray(x), _jax_device(device))
 
 
 def _jax_device(device: str):
+    """The jax device of a tgx device string: `cpu` → jax's cpu:0, `cuda:<i>` → gpu device i."""
     import jax
 
     kind, _, idx = device.partition(":")

@@ -4,8 +4,12 @@
    backend has a kernel that accepts it.
 2. Stay on one backend (the *primary*: the first of torch, jax, numpy that is allowed) unless a
    kernel is missing there; then prefer the backend the inputs already live on.
-3. Tiny tensors (every output at most `TINY` elements at the planning hint) stay on NumPy
-   when their inputs are there: a torch/jax call costs microseconds, a NumPy one less.
+3. On the CPU only: tiny tensors (every output at most `TINY` elements at the planning hint)
+   stay on NumPy when their inputs are there: a torch/jax call costs microseconds, a NumPy one
+   less. On a GPU device a NumPy equation is a host round trip (and a synchronisation), far
+   dearer than a kernel launch, so there every equation stays on the device backends (the
+   primary, then the other device backend) and goes to NumPy only when no device kernel
+   accepts it.
 4. Within a backend: library kernel > `out=` kernel > plain kernel.
 
 FASTEST (`select_plan`): store first, cost model where unmeasured (see
@@ -38,14 +42,36 @@ def _size_at_hint(aval) -> int:
     return n
 
 
-def check_backends(backends: Sequence[str] | None) -> list[str]:
+def check_backends(backends: Sequence[str] | None, device: str = "cpu") -> list[str]:
+    """The backends to plan with: `backends` after checking that each is installed (None:
+    every available one). On a non-CPU `device` each backend but NumPy (host-only) must reach
+    the device: an explicitly named one that cannot is a `KernelError` naming the device and
+    why (``torch.cuda.is_available() is False``); by default those that cannot are left out,
+    and an error is raised when none can."""
+    from ..runtime import Device, device_unavailable_reason
+
     if backends is None:
-        return available_backends()
-    for b in backends:
-        reason = unavailable_reason(b)
-        if reason is not None:
-            raise KernelError(reason)
-    return list(backends)
+        out = available_backends()
+    else:
+        for b in backends:
+            reason = unavailable_reason(b)
+            if reason is not None:
+                raise KernelError(reason)
+        out = list(backends)
+    dev = Device.parse(device)
+    if dev.kind == "cpu":
+        return out
+    why = {b: device_unavailable_reason(dev, b) for b in out if b != "numpy"}
+    bad = {b: r for b, r in why.items() if r is not None}
+    if backends is not None and bad:
+        raise KernelError(f"device {dev} is not available to "
+                          + "; ".join(f"{b}: {r}" for b, r in bad.items()))
+    if len(bad) == len(why):
+        raise KernelError(f"device {dev} is not available: "
+                          + ("; ".join(f"{b}: {r}" for b, r in bad.items()) if bad
+                             else f"no backend of {out} runs on it")
+                          + " (numpy runs on the host only)")
+    return [b for b in out if b not in bad]
 
 
 def primary_backend(backends: Sequence[str]) -> str:
@@ -81,13 +107,24 @@ def decompose_unsupported(graph: Graph, backends: Sequence[str],
 
 
 def assign_backends(graph: Graph, backends: Sequence[str] | None = None,
-                    policy: str = "heuristic") -> list[str]:
-    """One backend per equation of `graph` by the heuristic rules (see the module doc)."""
+                    policy: str = "heuristic", device: str = "cpu") -> list[str]:
+    """One backend per equation of `graph` by the heuristic rules (see the module doc).
+
+    `device`: where the non-NumPy backends run; the tiny-tensors-on-NumPy rule holds on the
+    CPU only. Named `backends` are only checked to be installed (a pure function of the
+    graph: it does not ask whether the device is present)."""
     if policy != "heuristic":
         raise NotImplementedError(f"policy {policy!r} needs the benchmark store; only "
                                   f"'heuristic' is implemented for now")
-    backends = check_backends(backends)
+    from ..runtime import Device
+
+    on_host = Device.parse(device).kind == "cpu"
+    backends = check_backends(backends, "cpu" if backends is not None else device)
     primary = primary_backend(backends)
+    # on a GPU: the device backends (primary first), NumPy last
+    fallback = (list(backends) if on_host else
+                sorted(backends, key=lambda b: (b == "numpy", b != primary,
+                                                PREFERENCE.index(b) if b in PREFERENCE else 9)))
     where: dict[int, str] = {v.id: "numpy" for v in (*graph.invars, *graph.constvars)}
     out = []
     for eqn in graph.eqns:
@@ -95,12 +132,12 @@ def assign_backends(graph: Graph, backends: Sequence[str] | None = None,
         tiny = all(_size_at_hint(v.aval) <= TINY for v in eqn.outvars) and all(
             _size_at_hint(a.aval) <= TINY for a in eqn.invars)
         order = []
-        if tiny and "numpy" in backends and all(h == "numpy" for h in homes):
+        if on_host and tiny and "numpy" in backends and all(h == "numpy" for h in homes):
             order.append("numpy")
         order.append(primary)
-        if homes:
+        if homes and on_host:
             order.append(max(set(homes), key=homes.count))
-        order += backends
+        order += fallback
         chosen = next((b for b in order if b in backends and accepted_kernels(eqn, b)), None)
         if chosen is None:
             raise KernelError(f"no kernel on {', '.join(backends)} runs {eqn}")
