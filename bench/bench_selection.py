@@ -62,11 +62,13 @@ def runner(plan, args):
     return lambda: plan.run_flat(leaves)
 
 
-def timed(run, budget):
-    # torch's OpenMP workers spin for milliseconds after the previous plan and slow NumPy's
-    # BLAS threads (see SWITCH_PENALTY): let them go idle so plans do not pay for each other
-    # (inside one measurement the plan runs back to back, so it pays its own wrap-around)
-    time.sleep(0.05)
+def timed(run, budget, spin_up_s=0.1):
+    # Thread pools outlive the call that started them (OpenBLAS workers spin ~0.1 s, torch's
+    # OpenMP pool, XLA's): run the plan untimed first, so it is timed in its own steady state
+    # and not paying for the plan timed before it (as tgx.planning.recipes.measure_plans does)
+    end = time.perf_counter() + spin_up_s
+    while time.perf_counter() < end:
+        run()
     return measure(run, budget_s=budget).median_s
 
 
@@ -97,7 +99,7 @@ def predicted(plan, cm, dims=None) -> float:
     dims = dict(dims or {})
     g = plan.graph
     where = {v.id: "numpy" for v in (*g.invars, *g.constvars)}
-    t, seq = 0.0, []
+    t, seq, eqs = 0.0, [], []
     for e, b, k in zip(g.eqns, g.backends, plan.kernels):
         for v in e.outvars:
             where[v.id] = b
@@ -108,8 +110,10 @@ def predicted(plan, cm, dims=None) -> float:
             continue
         t += cm.kernel(e, k, dims).seconds
         seq.append(b)
+        eqs.append(e)
     if len(seq) > 1:
-        t += sum(cm.switch(a, b) for a, b in zip(seq, seq[1:] + seq[:1]))
+        t += sum(cm.switch(a, b, eqn=e, dims=dims)
+                 for a, b, e in zip(seq, seq[1:] + seq[:1], eqs[1:] + eqs[:1]))
     return t
 
 

@@ -49,6 +49,7 @@ from ..lowerings import load_backend
 from ..lowerings.registry import Kernel, all_kernels
 from ..shapes import free_symbols
 from .candidates import accepted_kernels
+from .cost_model import switch_function
 
 HOST = "numpy"
 HINT = 64            # value of a symbolic dim when costing, unless `dims=` says otherwise
@@ -258,10 +259,12 @@ class _State:
     first: str | None = None  # backend of the first kernel (the wrap-around's target)
     prev: str | None = None   # backend of the last kernel so far
     wrap: float = 0.0         # switch penalty from the last kernel back to the first
+    first_eqn: Any = None     # the first kernel's equation (its switch penalty may depend on it)
 
     def copy(self) -> _State:
         return _State(self.frames, dict(self.alias), dict(self.loc), self.cost, self.ntransfers,
-                      self.history, self.final, self.done, self.first, self.prev)
+                      self.history, self.final, self.done, self.first, self.prev, 0.0,
+                      self.first_eqn)
 
     def h(self) -> float:
         total = 0.0
@@ -305,7 +308,7 @@ class Paths:
             names = set(kernels_only)
             self._keep = lambda k: k.name in names or repr(k) in names
         self.cost = _cost_model(store, cost_model)
-        self._switch = getattr(self.cost, "switch", None)  # None: no switch penalties
+        self._switch = switch_function(self.cost)  # None: no switch penalties
         self._estimates: dict = {}
         self._best_variants: dict = {}
         self._pattern_kernels = self._load_pattern_kernels() if patterns else []
@@ -362,15 +365,15 @@ class Paths:
             e = self._estimates[key] = self.cost.kernel(unit.eqn, option.kernel, self.dims)
         return e
 
-    def switch(self, src: str | None, dst: str) -> float:
-        """Penalty for a kernel on `dst` right after one on `src` (`CostModel.switch`; 0 when
-        the cost model has none, or at the start)."""
+    def switch(self, src: str | None, dst: str, eqn=None) -> float:
+        """Penalty for `eqn` on `dst` right after a kernel on `src` (`CostModel.switch`; 0
+        when the cost model has none, or at the start)."""
         if src is None or src == dst or self._switch is None:
             return 0.0
-        key = ("s", src, dst)
+        key = ("s", src, dst, id(eqn))
         e = self._estimates.get(key)
         if e is None:
-            e = self._estimates[key] = float(self._switch(src, dst))
+            e = self._estimates[key] = float(self._switch(src, dst, eqn, self.dims))
             if e < 0:
                 raise TgxError(f"switch penalty {src}→{dst} is negative ({e}): the ranking's "
                                "heuristic needs penalties ≥ 0")
@@ -440,7 +443,7 @@ class Paths:
         # the function runs in a loop: the next call's first kernel follows the last one
         # (as `selection` charges it)
         if st.prev is not None:
-            st.wrap = self.switch(st.prev, st.first)
+            st.wrap = self.switch(st.prev, st.first, st.first_eqn)
             st.cost += st.wrap
         st.done = True
         return st
@@ -515,10 +518,10 @@ class Paths:
         if self.max_transfers is not None and st.ntransfers > self.max_transfers:
             return None
         est = self.estimate(u, c)
-        sw = self.switch(st.prev, b)
+        sw = self.switch(st.prev, b, u.eqn)
         st.cost += est.seconds + sw
         if st.first is None:
-            st.first = b
+            st.first, st.first_eqn = b, u.eqn
         st.prev = b
         for v in u.outs:
             st.loc[v.id] = (b,)
@@ -769,7 +772,7 @@ class Paths:
         still to be read lives (by the value it resolves to)."""
         parts: list = [f.key() for f in st.frames]
         if self._switch is not None:  # the penalties still to pay depend on these
-            parts.append((st.first, st.prev))
+            parts.append((st.first, id(st.first_eqn), st.prev))
         if self.max_transfers is not None:
             parts.append(st.ntransfers)
         for f in st.frames:

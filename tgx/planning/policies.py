@@ -200,12 +200,21 @@ def explore(graph: Graph, backends, store, cost_model, dims, budget_s: float = 0
     from ..profiling.pending import profile_kernel
     from ..profiling.progress import Progress
 
-    todo = unmeasured(graph, backends, store, cost_model, dims)
+    # One backend after another, with a pause at each change: a library's worker threads
+    # spin for up to ~0.1 s after its last call (OpenBLAS, torch's OpenMP pool), and a kernel
+    # of another library timed meanwhile competes with them for the cores (a 256x256 torch
+    # matmul right after NumPy ones was measured at 8 ms instead of 0.3 ms). Golden results
+    # run with BLAS on one thread for the same reason (`profiling.accuracy.one_blas_thread`).
+    todo = sorted(unmeasured(graph, backends, store, cost_model, dims),
+                  key=lambda ek: ek[1].backend)
     bar = Progress(len(todo), enabled=progress)
-    start, n = time.monotonic(), 0
+    start, n, last = time.monotonic(), 0, None
     for e, k in todo:
         if time_limit_s is not None and time.monotonic() - start > time_limit_s:
             break
+        if last is not None and k.backend != last:
+            time.sleep(0.2)
+        last = k.backend
         profile_kernel(e, k, dims, store, cost_model, budget_s)  # errors become traces
         n += 1
         bar.update(f"{e.primitive.name} on {k.backend}")

@@ -36,6 +36,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 PLAN_NAME = "measured-plan"
+#: plans measured within this fraction of the fastest get extra passes (see `measure_plans`)
+CLOSE = 0.15
 PAYLOAD_FORMAT = 1
 
 
@@ -174,18 +176,22 @@ def candidate_plans(graph, backends: Sequence[str], cost_model, dims: Mapping, *
 
 
 def measure_plans(graph, plans: Mapping, store, dims: Mapping, *, budget_s: float = 0.2,
-                  rounds: int = 3, env_id: str | None = None, weights: Sequence[int] = ()
-                  ) -> int:
+                  rounds: int = 3, spin_up_s: float = 0.1, env_id: str | None = None,
+                  weights: Sequence[int] = ()) -> int:
     """Time each plan of {label: Plan} on random inputs at `dims` (checked against the
     reference evaluator; the inputs at positions `weights` bound once, as
     `tgx.compile(weights=...)` does) and record a GRAPH_RECIPE trace with the plan as its
     payload; returns how many were measured (plans already measured at `dims` are skipped).
 
     Plans are timed round-robin: `rounds` passes in a shuffled order, `budget_s` per plan in
-    all, and a plan's figure is its fastest per-pass median. Thread pools outlive the call
-    that started them (torch's OpenMP workers, XLA's), so one plan timed right after another
-    can be slowed by it; taking each plan's best pass keeps that out of the comparison."""
+    all; each pass first runs the plan for `spin_up_s` untimed, then times it, and a plan's
+    figure is the median of its pass medians; plans within `CLOSE` of the fastest then get
+    twice as many passes again, to tell them apart. The spin-up is what makes passes comparable:
+    thread pools outlive the call that started them (OpenBLAS workers spin ~0.1 s, torch's
+    OpenMP pool, XLA's), so a plan timed right after another would pay for it, while a plan
+    run in a loop pays only for its own pools."""
     import random
+    import statistics
     import time
     import warnings
 
@@ -231,26 +237,41 @@ def measure_plans(graph, plans: Mapping, store, dims: Mapping, *, budget_s: floa
         fn = (lambda *xs, run=run: _single(run(list(xs))))
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            # first pass: the accuracy check (and a first timing)
+            # the accuracy check (its quick timing is replaced by the passes below)
             recs[impl] = profile(fn, args, golden=_single(golden), atol=atol, rtol=rtol,
                                  graph_hash=ghash, impl=impl, workload=wkey, env_id=env_id,
-                                 budget_s=budget_s / rounds)
+                                 budget_s=0.01)
         if recs[impl]["status"] == "PASSED":
             runs[impl] = fn
-    order = list(runs)
+    passes: dict[str, list] = {impl: [] for impl in runs}
     rnd = random.Random(0)
-    for _ in range(rounds - 1):
-        rnd.shuffle(order)
-        for impl in order:
-            time.sleep(0.02)  # let the previous plan's thread pools go idle
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                t = measure(runs[impl], args, budget_s=budget_s / rounds)
-            rec = recs[impl]
-            if t.median_s < rec["median_s"]:
-                rec.update(median_s=t.median_s, spread=t.spread)
-            rec["min_s"] = min(rec["min_s"], t.min_s)
-            rec["samples"] = (rec.get("samples") or 0) + t.samples
+
+    def race(order: list, n: int) -> None:
+        for _ in range(n):
+            rnd.shuffle(order)
+            for impl in order:
+                with np.errstate(all="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    end = time.perf_counter() + spin_up_s
+                    while time.perf_counter() < end:  # steady state: its own pools only
+                        runs[impl](*args)
+                    passes[impl].append(measure(runs[impl], args, budget_s=budget_s / rounds))
+
+    race(list(runs), rounds)
+    # plans within `CLOSE` of the fastest are told apart with more passes (racing): the
+    # choice between them is what the measurement is for
+    if passes:
+        med = {impl: statistics.median(t.median_s for t in ts) for impl, ts in passes.items()}
+        best = min(med.values())
+        close = [impl for impl, m in med.items() if m <= best * (1 + CLOSE)]
+        if len(close) > 1:
+            race(close, 2 * rounds)
+    for impl, ts in passes.items():
+        med = [t.median_s for t in ts]
+        mid = statistics.median(med)
+        recs[impl].update(median_s=mid, min_s=min(t.min_s for t in ts),
+                          spread=(max(med) - min(med)) / mid if mid else 0.0,
+                          samples=sum(t.samples for t in ts))
     if recs:
         store.add_traces(list(recs.values()))
     return len(recs)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -93,13 +95,34 @@ def golden_inputs(args: Any) -> Any:
     return _map(cast, args)
 
 
+@functools.cache
+def _blas_controller():
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - a declared dependency
+        return None
+    return ThreadpoolController()
+
+
+def one_blas_thread():
+    """A context in which NumPy's BLAS runs on one thread.
+
+    Golden results are computed in it: OpenBLAS's worker threads spin for ~0.1 s after a
+    multi-threaded call, and a torch kernel timed meanwhile stalls on the cores they hold (a
+    5 µs torch.sum measured 8 ms right after a 256×256 float64 matmul on a 2-core CPU)."""
+    c = _blas_controller()
+    return c.limit(limits=1, user_api="blas") if c is not None else contextlib.nullcontext()
+
+
 def golden(fn_numpy: Callable, args: Any) -> Any:
-    """``fn_numpy(*golden_inputs(args))`` with floating results as float64 arrays.
+    """``fn_numpy(*golden_inputs(args))`` with floating results as float64 arrays (BLAS on
+    one thread: see `one_blas_thread`).
 
     >>> golden(np.exp, (np.float32([0.0]),))
     array([1.])
     """
-    out = fn_numpy(*golden_inputs(tuple(args)))
+    with one_blas_thread():
+        out = fn_numpy(*golden_inputs(tuple(args)))
     return _map(lambda y: np.asarray(y, np.float64) if _is_float(np.asarray(y).dtype)
                 else np.asarray(y), out)
 
