@@ -99,7 +99,7 @@ def predicted(plan, cm, dims=None) -> float:
     dims = dict(dims or {})
     g = plan.graph
     where = {v.id: "numpy" for v in (*g.invars, *g.constvars)}
-    t, seq, eqs = 0.0, [], []
+    t, seq = 0.0, []
     for e, b, k in zip(g.eqns, g.backends, plan.kernels):
         for v in e.outvars:
             where[v.id] = b
@@ -110,10 +110,8 @@ def predicted(plan, cm, dims=None) -> float:
             continue
         t += cm.kernel(e, k, dims).seconds
         seq.append(b)
-        eqs.append(e)
     if len(seq) > 1:
-        t += sum(cm.switch(a, b, eqn=e, dims=dims)
-                 for a, b, e in zip(seq, seq[1:] + seq[:1], eqs[1:] + eqs[:1]))
+        t += sum(cm.switch(a, b) for a, b in zip(seq, seq[1:] + seq[:1]))
     return t
 
 

@@ -51,9 +51,12 @@ TRANSFER_COSTS: dict[tuple[str, str], tuple[float, float | None]] = {
 # torch add, minus both alone); jax → torch ~2.7 ms. torch → jax gets the torch → numpy figure
 # too: otherwise a plan hides the contention behind one jax op between torch and NumPy work
 # (seen: 24 ms plans predicted at 2 ms). Other pairs ≈ 0. `calibrate()` re-measures.
-# `CostModel.switch` charges it only before multi-threaded matrix work (`threaded`); a small
-# op between torch and a NumPy GEMM can still hide it (the model has no memory of "torch ran
-# recently"), which measured whole plans (recipes.py) catch.
+# Only multi-threaded work after the switch really pays it (a small NumPy op runs on one
+# thread), so it over-prices plans that mix torch with small NumPy ops (a transformer block's
+# torch plan: 9.7 ms predicted, 2.1 ms measured). Charging it per destination equation was
+# tried and made the cost landscape so flat that `tgx.paths(...).ranked()` took 30-70 s for a
+# Gemma block's first plan instead of ~1 s; FASTEST takes measured whole plans instead
+# (recipes.py), which include the real contention.
 SWITCH_PENALTY: dict[tuple[str, str], float] = {
     ("torch", "numpy"): 7.8e-3,
     ("torch", "jax"): 7.8e-3,
@@ -267,18 +270,14 @@ class CostModel:
         t = ovh + (0.0 if bw is None else _nbytes(aval, _binding(dims)) / bw)
         return Estimate(t, "cost model", f"{src}→{dst} transfer")
 
-    def switch(self, src: str, dst: str, eqn=None, dims: dict | None = None) -> float:
-        """Extra time when `eqn` on `dst` runs right after an equation on `src`: thread-pool
-        contention (`SWITCH_PENALTY`, or the calibrated figure) when `eqn` is multi-threaded
-        work (`threaded`; always when `eqn` is None), plus, entering JAX, the dispatch of the
-        `jax.jit` call the following JAX equations share (see `kernel`)."""
+    def switch(self, src: str, dst: str) -> float:
+        """Extra time when an equation on `dst` runs right after one on `src`: thread-pool
+        contention (`SWITCH_PENALTY`, or the calibrated figure), plus, entering JAX, the
+        dispatch of the `jax.jit` call the following JAX equations share (see `kernel`)."""
         if src == dst:
             return 0.0
         enter = self.backend_costs["jax"][0] if dst == "jax" else 0.0
-        contention = self.switch_penalty.get((src, dst), 0.0)
-        if contention and eqn is not None and not threaded(eqn, dims or {}):
-            contention = 0.0
-        return contention + enter
+        return self.switch_penalty.get((src, dst), 0.0) + enter
 
     def excluded(self, eqn, kernel, dims) -> str | None:
         """Why `tolerance` rules `kernel` out for `eqn` (measured error too large), else None."""
@@ -310,62 +309,6 @@ class CostModel:
             elif kind == "switch":
                 src, _, dst = what.partition("->")
                 self.switch_penalty[(src, dst)] = rec["median_s"]
-
-
-def switch_function(cost_model):
-    """`cost_model.switch` as ``f(src, dst, eqn, dims)``, or None when it has none. A cost
-    model whose `switch` takes only the two backends (planted ones in tests) ignores the
-    equation."""
-    import inspect
-
-    sw = getattr(cost_model, "switch", None)
-    if sw is None:
-        return None
-    try:
-        takes_eqn = "eqn" in inspect.signature(sw).parameters
-    except (TypeError, ValueError):
-        takes_eqn = False
-    if takes_eqn:
-        return lambda src, dst, eqn, dims: sw(src, dst, eqn=eqn, dims=dims)
-    return lambda src, dst, eqn, dims: sw(src, dst)
-
-
-#: Work below this many flops runs on one thread (OpenBLAS splits a GEMM across threads from
-#: about 64³ multiply-adds; XLA's and torch's pools have similar cut-offs), so another
-#: library's spinning workers do not slow it: the contention penalty does not apply.
-THREADED_FLOPS = 2 * 64 ** 3
-
-
-def threaded(eqn, dims: dict) -> bool:
-    """Whether `eqn` is matrix work big enough to run on several threads (see
-    `THREADED_FLOPS`): the only equations the thread-pool contention of `switch` slows.
-    Elementwise work and reductions at these sizes run on one thread in NumPy."""
-    return gemm_flops(eqn, _binding(dims)) >= THREADED_FLOPS
-
-
-def gemm_flops(eqn, env: dict) -> float:
-    """Flops of the matrix products in `eqn` (dot_general and the composites that are mostly
-    GEMMs: linear, matmul, attention, recurrent cells); 0 for anything else."""
-    name = eqn.primitive.name
-    try:
-        if name == "dot_general":
-            return _flops(eqn, env)
-        ins = [_shape(a.aval, env) for a in eqn.invars if not isinstance(a, Literal)]
-        out = _shape(eqn.outvars[0].aval, env)
-        if name == "linear":  # x[..., K] @ w.T
-            return 2.0 * math.prod(out) * ins[0][-1]
-        if name == "scaled_dot_product_attention":  # q[..., Sq, D], k[..., Sk, D]: QK^T, PV
-            q, k = ins[0], ins[1]
-            return 4.0 * math.prod(q) * k[-2]
-        if name == "matmul":
-            return 2.0 * math.prod(out) * ins[0][-1]
-        if name in ("lstm_cell", "gru_cell", "rnn_cell"):  # x @ W_ih.T + h @ W_hh.T
-            w = 3 if name == "lstm_cell" else 2  # lstm_cell(x, h, c, w_ih, w_hh, ...)
-            x, w_ih, w_hh = ins[0], ins[w], ins[w + 1]
-            return 2.0 * x[0] * w_ih[0] * (w_ih[1] + w_hh[1])
-    except (IndexError, KeyError, TypeError):
-        return 0.0
-    return 0.0
 
 
 def kernel_name(kernel) -> str:

@@ -49,9 +49,9 @@ from ..lowerings import load_backend
 from ..lowerings.registry import Kernel, all_kernels
 from ..shapes import free_symbols
 from .candidates import accepted_kernels
-from .cost_model import switch_function
 
 HOST = "numpy"
+ANY = "*"  # the backend of a decomposition in `Level.backend_table`: its kernels may be anywhere
 HINT = 64            # value of a symbolic dim when costing, unless `dims=` says otherwise
 MAX_SUBSETS = 4096   # compatible sets of pattern occurrences explored per graph
 
@@ -142,6 +142,8 @@ class Level:
         self.subsets = _compatible_subsets([set(m.covers) for m in self.matches])
         self._units: dict = {}
         self._count: int | None = None
+        self._paths = paths
+        self._tables: dict = {}
         self.lb = 0.0
 
     def units(self, subset: tuple) -> tuple:
@@ -166,6 +168,83 @@ class Level:
                 reads[k] = reads[k + 1] | {a.id for a in ins if isinstance(a, Var)}
             hit = self._units[subset] = (tuple(out), tuple(suffix), tuple(reads))
         return hit
+
+    def backend_table(self, units: tuple) -> tuple:
+        """table[k]: {backend: a lower bound of the cost from unit k on when unit k runs on
+        that backend}, with the switch penalties between consecutive units counted (`ANY`: a
+        decomposition, whose kernels may sit anywhere: no penalty around it). The A*
+        heuristic (`_State.h`); transfers are left out, so it never overestimates."""
+        hit = self._tables.get(id(units))
+        if hit is None:
+            paths = self._paths
+            table: list = [None] * (len(units) + 1)
+            table[len(units)] = {}
+            fresh = self._first_reads(units)
+            nxt = None
+            for k in range(len(units) - 1, -1, -1):
+                u = units[k]
+                if not isinstance(u, Unit):  # a copy_to alias: no kernel, no switch
+                    table[k] = table[k + 1]
+                    continue
+                # values unit k hands straight to the next unit: on another backend they
+                # must be copied when the next unit runs (nothing reads them in between)
+                reads = {a.id for a in nxt.ins if isinstance(a, Var)} if nxt else set()
+                handed = [v for v in u.outs if v.id in reads]
+                here: dict = {}
+                for o in u.options:
+                    if o.kind == "decomposition":
+                        c, b = u.sub.lb, ANY
+                    else:
+                        c, b = paths.estimate(u, o).seconds, o.backend
+                    if b != ANY:  # graph inputs read here first must be copied to b
+                        c += sum(paths.transfer_estimate(a.aval, HOST, b).seconds
+                                 for a in fresh.get(k, ()) if b != HOST)
+                    if c < here.get(b, math.inf):
+                        here[b] = c
+                rest = table[k + 1]
+                row = {}
+                for b, c in here.items():
+                    best = 0.0
+                    if rest:
+                        best = min(r + (0.0 if b == ANY or b2 == ANY or b == b2 else
+                                        paths.switch(b, b2)
+                                        + sum(paths.transfer_estimate(v.aval, b, b2).seconds
+                                              for v in handed))
+                                   for b2, r in rest.items())
+                    row[b] = c + best
+                table[k] = row
+                nxt = u
+            hit = self._tables[id(units)] = (tuple(table), fresh, units)  # units: id key
+        return hit[0]
+
+    def first_reads(self, units: tuple) -> dict:
+        """{unit position: the graph inputs (host values) it is the first unit to read}."""
+        self.backend_table(units)
+        return self._tables[id(units)][1]
+
+    def _first_reads(self, units: tuple) -> dict:
+        # Only the root graph's inputs are known to sit on the host alone at the start (a
+        # decomposition's inputs are wherever its parent's operands are).
+        if self.depth != 0:
+            return {}
+        host = {v.id for v in (*self.graph.invars, *self.graph.constvars)}
+        alias: dict = {}
+        out: dict = {}
+        seen: set = set()
+        for k, u in enumerate(units):
+            if not isinstance(u, Unit):
+                a = u[1].invars[0]
+                if isinstance(a, Var):
+                    alias[u[1].outvars[0].id] = alias.get(a.id, a.id)
+                continue
+            for a in u.ins:
+                if not isinstance(a, Var):
+                    continue
+                vid = alias.get(a.id, a.id)
+                if vid in host and vid not in seen:
+                    seen.add(vid)
+                    out.setdefault(k, []).append(a)
+        return out
 
     @property
     def all_reads(self) -> frozenset:
@@ -259,18 +338,53 @@ class _State:
     first: str | None = None  # backend of the first kernel (the wrap-around's target)
     prev: str | None = None   # backend of the last kernel so far
     wrap: float = 0.0         # switch penalty from the last kernel back to the first
-    first_eqn: Any = None     # the first kernel's equation (its switch penalty may depend on it)
 
     def copy(self) -> _State:
         return _State(self.frames, dict(self.alias), dict(self.loc), self.cost, self.ntransfers,
-                      self.history, self.final, self.done, self.first, self.prev, 0.0,
-                      self.first_eqn)
+                      self.history, self.final, self.done, self.first, self.prev)
 
     def h(self) -> float:
+        """A consistent lower bound of the cost still to pay: per frame below the top, the
+        cheapest rest of its graph (`Level.backend_table`, any backend); for the top frame,
+        the rest from the next unit on each backend plus what running it there costs now:
+        the switch from the last kernel's backend and copying its inputs from where they are
+        (both exactly what `_apply` will charge)."""
         total = 0.0
-        for f in self.frames:
-            total += f.level.lb if f.units is None else f.suffix[f.pos]
+        top = len(self.frames) - 1
+        for i, f in enumerate(self.frames):
+            if f.units is None:
+                total += f.level.lb
+                continue
+            row = f.level.backend_table(f.units)[f.pos]
+            if not row:
+                continue
+            u = f.units[f.pos] if f.pos < len(f.units) else None
+            if i == top and isinstance(u, Unit):
+                # the table's first-read copies of this unit are in `_entry`, exactly
+                paths = f.level._paths
+                first = f.level.first_reads(f.units).get(f.pos, ())
+                total += min(r - sum(paths.transfer_estimate(a.aval, HOST, b).seconds
+                                     for a in first if b not in (HOST, ANY))
+                             + self._entry(paths, u, b) for b, r in row.items())
+            else:
+                total += min(row.values())
         return total
+
+    def _entry(self, paths, u, b) -> float:
+        """Switch penalty and input copies of running unit `u` on backend `b` next."""
+        if b == ANY:
+            return 0.0
+        t = paths.switch(self.prev, b) if self.prev is not None else 0.0
+        seen = set()
+        for a in u.ins:
+            k = paths._key(self, a)
+            if isinstance(k, Literal) or k in seen:
+                continue
+            seen.add(k)
+            locs = self.loc.get(k, (HOST,))
+            if b not in locs:
+                t += paths.transfer_estimate(a.aval, locs[0], b).seconds
+        return t
 
     def events(self) -> list:
         out, node = [], self.history
@@ -308,7 +422,7 @@ class Paths:
             names = set(kernels_only)
             self._keep = lambda k: k.name in names or repr(k) in names
         self.cost = _cost_model(store, cost_model)
-        self._switch = switch_function(self.cost)  # None: no switch penalties
+        self._switch = getattr(self.cost, "switch", None)  # None: no switch penalties
         self._estimates: dict = {}
         self._best_variants: dict = {}
         self._pattern_kernels = self._load_pattern_kernels() if patterns else []
@@ -365,15 +479,15 @@ class Paths:
             e = self._estimates[key] = self.cost.kernel(unit.eqn, option.kernel, self.dims)
         return e
 
-    def switch(self, src: str | None, dst: str, eqn=None) -> float:
-        """Penalty for `eqn` on `dst` right after a kernel on `src` (`CostModel.switch`; 0
-        when the cost model has none, or at the start)."""
+    def switch(self, src: str | None, dst: str) -> float:
+        """Penalty for a kernel on `dst` right after one on `src` (`CostModel.switch`; 0 when
+        the cost model has none, or at the start)."""
         if src is None or src == dst or self._switch is None:
             return 0.0
-        key = ("s", src, dst, id(eqn))
+        key = ("s", src, dst)
         e = self._estimates.get(key)
         if e is None:
-            e = self._estimates[key] = float(self._switch(src, dst, eqn, self.dims))
+            e = self._estimates[key] = float(self._switch(src, dst))
             if e < 0:
                 raise TgxError(f"switch penalty {src}→{dst} is negative ({e}): the ranking's "
                                "heuristic needs penalties ≥ 0")
@@ -443,7 +557,7 @@ class Paths:
         # the function runs in a loop: the next call's first kernel follows the last one
         # (as `selection` charges it)
         if st.prev is not None:
-            st.wrap = self.switch(st.prev, st.first, st.first_eqn)
+            st.wrap = self.switch(st.prev, st.first)
             st.cost += st.wrap
         st.done = True
         return st
@@ -518,10 +632,10 @@ class Paths:
         if self.max_transfers is not None and st.ntransfers > self.max_transfers:
             return None
         est = self.estimate(u, c)
-        sw = self.switch(st.prev, b, u.eqn)
+        sw = self.switch(st.prev, b)
         st.cost += est.seconds + sw
         if st.first is None:
-            st.first, st.first_eqn = b, u.eqn
+            st.first = b
         st.prev = b
         for v in u.outs:
             st.loc[v.id] = (b,)
@@ -772,7 +886,7 @@ class Paths:
         still to be read lives (by the value it resolves to)."""
         parts: list = [f.key() for f in st.frames]
         if self._switch is not None:  # the penalties still to pay depend on these
-            parts.append((st.first, id(st.first_eqn), st.prev))
+            parts.append((st.first, st.prev))
         if self.max_transfers is not None:
             parts.append(st.ntransfers)
         for f in st.frames:
@@ -782,7 +896,14 @@ class Paths:
                     k = st.alias[k]
                     if isinstance(k, Literal):
                         break
-                parts.append((vid, "lit") if isinstance(k, Literal) else (vid, k, st.loc.get(k)))
+                if isinstance(k, Literal):
+                    parts.append((vid, "lit"))
+                    continue
+                # copies are made from the first location (the producer's): the order of
+                # the others changes nothing that follows
+                locs = st.loc.get(k)
+                parts.append((vid, k, locs if locs is None or len(locs) < 3
+                              else (locs[0], frozenset(locs[1:]))))
         return tuple(parts)
 
     def ranked(self, distinct: bool = True) -> Iterator[PathPlan]:

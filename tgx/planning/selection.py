@@ -35,7 +35,7 @@ import numpy as np
 from ..core import Graph, Literal
 from ..errors import KernelError, TgxError
 from .candidates import accepted_kernels
-from .cost_model import CostModel, Estimate, switch_function
+from .cost_model import CostModel, Estimate
 
 HOST = "numpy"
 # Above this many DP states per step (live values x backends x copies) the exact frontier DP
@@ -109,7 +109,6 @@ class _Selector:
     def __init__(self, backends, cm: CostModel, dims, free=()):
         self.backends = list(backends)
         self.cm = cm
-        self._switch = switch_function(cm) or (lambda src, dst, eqn, dims: 0.0)
         self.dims = dims
         self.free = frozenset(free)  # value ids whose transfers are free (bound weights)
         self._decomp: dict = {}
@@ -200,7 +199,6 @@ class _Selector:
             for v in e.outvars:
                 self.aval[v.id] = v.aval
         self._t: dict = {}
-        self._sw: dict = {}
 
     def T(self, vid, src, dst, output: bool = False) -> float:
         """Transfer time of value `vid` from backend `src` to `dst`."""
@@ -217,18 +215,8 @@ class _Selector:
         schedule keeps the equation order). A compiled function runs in a loop, so the
         last equation precedes the first (k = 0 wraps around)."""
         n = len(a)
-        return sum(self.sw(a[k - 1], a[k], k) for k in dict.fromkeys(i % n for i in idxs)
+        return sum(self.cm.switch(a[k - 1], a[k]) for k in dict.fromkeys(i % n for i in idxs)
                    if n > 1)
-
-    def sw(self, src, dst, k: int) -> float:
-        """Switch penalty entering equation k on `dst` from `src` (memoized)."""
-        if src == dst:
-            return 0.0
-        key = (src, dst, k)
-        t = self._sw.get(key)
-        if t is None:
-            t = self._sw[key] = self._switch(src, dst, self.graph.eqns[k], self.dims)
-        return t
 
     def out_cost(self, vid, src, dsts) -> float:
         """A graph output's copy to the host, unless a consumer there already made it."""
@@ -305,7 +293,7 @@ class _Selector:
                 for b, ch in self.opts[i].items():
                     c2 = cost + ch.estimate.seconds
                     if prev is not None:
-                        c2 += self.sw(prev, b, i)
+                        c2 += self.cm.switch(prev, b)
                     new = dict(live)
                     for vid in ins:
                         h, copied = new[vid]
@@ -329,7 +317,7 @@ class _Selector:
         best, best_path = float("inf"), None
         for (first, prev, key), (cost, path) in states.items():
             if len(eqns) > 1:
-                cost += self.sw(prev, first, 0)  # the next call's first equation
+                cost += self.cm.switch(prev, first)  # the next call's first equation
             for vid, h, copied in key:
                 if vid in self.outs and h != self.home and self.home not in copied:
                     cost += self.T(vid, h, self.home, output=True)
@@ -398,7 +386,7 @@ class _Selector:
         saved = getattr(self, "graph", None), getattr(self, "home", None), \
             getattr(self, "opts", None), getattr(self, "producer", None), \
             getattr(self, "consumers", None), getattr(self, "outs", None), \
-            getattr(self, "aval", None), getattr(self, "_t", None), getattr(self, "_sw", None)
+            getattr(self, "aval", None), getattr(self, "_t", None)
         self.prepare(graph, home, depth)
         try:
             if brute:
@@ -415,7 +403,7 @@ class _Selector:
                              dict(self.dims))
         finally:
             (self.graph, self.home, self.opts, self.producer, self.consumers, self.outs,
-             self.aval, self._t, self._sw) = saved
+             self.aval, self._t) = saved
 
 
 def select(graph: Graph, backends, cost_model: CostModel, dims: dict,
