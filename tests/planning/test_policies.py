@@ -62,7 +62,12 @@ def test_pending_cleared_by_cli(store, tmp_path):
     assert st.pending() == []
     assert len(st.traces(status="PASSED")) >= n
     plan = tgx.compile(f, store=st, backends=["numpy"]).lower(X)
-    assert str(plan).count("measured") >= 3
+    # FASTEST now plans on the profiled figures; where the new figures make another kernel
+    # variant (never profiled) look cheaper, that one is flagged in turn: the loop converges
+    kinds = [est.source for e, est in zip(plan.graph.eqns, plan.estimates)
+             if e.primitive.name != "copy_to"]
+    assert kinds.count("measured") >= 2
+    assert all(k == "measured" for k in kinds) or st.pending()
 
 
 def test_explore_records_traces_and_second_compile_reuses_them(store, monkeypatch):
