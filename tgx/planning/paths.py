@@ -507,14 +507,7 @@ class Paths:
         return self._advance(st)
 
     def _key(self, st: _State, a):
-        if isinstance(a, Literal):
-            return a
-        k = a.id
-        while k in st.alias:
-            k = st.alias[k]
-            if isinstance(k, Literal):
-                return k
-        return k
+        return a if isinstance(a, Literal) else _resolve(st.alias, a.id)
 
     def _advance(self, st: _State) -> _State:
         """Run the steps that need no decision: `copy_to` aliases, finished graphs."""
@@ -827,11 +820,7 @@ class Paths:
         i = 0
         for f in st.frames:
             for vid in self._frontier(f, fronts):
-                k = vid
-                while k in alias:
-                    k = alias[k]
-                    if isinstance(k, Literal):
-                        break
+                k = _resolve(alias, vid)
                 if isinstance(k, Literal):
                     parts.append(None)
                 else:
@@ -853,11 +842,7 @@ class Paths:
         new_loc: dict = {}
         for f in st.frames:
             for vid in self._frontier(f, fronts):
-                k = vid
-                while k in alias:
-                    k = alias[k]
-                    if isinstance(k, Literal):
-                        break
+                k = _resolve(alias, vid)
                 if k != vid:
                     new_alias[vid] = k
                 if not isinstance(k, Literal) and k in loc:
@@ -891,11 +876,7 @@ class Paths:
             parts.append(st.ntransfers)
         for f in st.frames:
             for vid in sorted(f.live()):
-                k = vid
-                while k in st.alias:
-                    k = st.alias[k]
-                    if isinstance(k, Literal):
-                        break
+                k = _resolve(st.alias, vid)
                 if isinstance(k, Literal):
                     parts.append((vid, "lit"))
                     continue
@@ -1021,6 +1002,17 @@ class Paths:
     def __repr__(self) -> str:
         return (f"<tgx.Paths of {self.name}: {len(self.graph.eqns)} equations, backends "
                 f"{', '.join(self.backends)}>")
+
+
+def _resolve(alias: dict, vid: int):
+    """The value `vid` stands for through `copy_to` and decomposition aliases (an id, or a
+    Literal)."""
+    k = vid
+    while k in alias:
+        k = alias[k]
+        if isinstance(k, Literal):
+            break
+    return k
 
 
 def _token_str(t: dict) -> str:
