@@ -375,16 +375,8 @@ class _State:
         if b == ANY:
             return 0.0
         t = paths.switch(self.prev, b) if self.prev is not None else 0.0
-        seen = set()
-        for a in u.ins:
-            k = paths._key(self, a)
-            if isinstance(k, Literal) or k in seen:
-                continue
-            seen.add(k)
-            locs = self.loc.get(k, (HOST,))
-            if b not in locs:
-                t += paths.transfer_estimate(a.aval, locs[0], b).seconds
-        return t
+        return t + sum(paths.transfer_estimate(aval, locs[0], b).seconds
+                       for _, aval, locs in paths._copies(self, u, b))
 
     def events(self) -> list:
         out, node = [], self.history
@@ -588,6 +580,20 @@ class Paths:
             hit = self._best_variants[id(u)] = list(best.values())
         return hit
 
+    def _copies(self, st: _State, u: Unit, b: str) -> list:
+        """(value, aval, its locations) of each distinct input of `u` not yet on backend `b`:
+        the copies running `u` there makes, from the first location (its producer's)."""
+        out, seen = [], set()
+        for a in u.ins:
+            k = self._key(st, a)
+            if isinstance(k, Literal) or k in seen:
+                continue
+            seen.add(k)
+            locs = st.loc.get(k, (HOST,))
+            if b not in locs:
+                out.append((k, a.aval, locs))
+        return out
+
     def _apply(self, st: _State, choice) -> _State | None:
         st = st.copy()
         what, c = choice
@@ -611,17 +617,12 @@ class Paths:
             return self._advance(st)
         b = c.backend
         transfers = []
-        for a in u.ins:
-            k = self._key(st, a)
-            if isinstance(k, Literal):
-                continue
-            locs = st.loc.get(k, (HOST,))
-            if b not in locs:
-                est = self.transfer_estimate(a.aval, locs[0], b)
-                transfers.append((a.aval, locs[0], b, est))
-                st.cost += est.seconds
-                st.ntransfers += 1
-                st.loc[k] = locs + (b,)
+        for k, aval, locs in self._copies(st, u, b):
+            est = self.transfer_estimate(aval, locs[0], b)
+            transfers.append((aval, locs[0], b, est))
+            st.cost += est.seconds
+            st.ntransfers += 1
+            st.loc[k] = locs + (b,)
         if self.max_transfers is not None and st.ntransfers > self.max_transfers:
             return None
         est = self.estimate(u, c)
