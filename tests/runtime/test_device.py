@@ -303,19 +303,27 @@ def test_simulated_cuda_kernels_without_inputs(fake_cuda):
     assert fake_cuda.tensors.count("cuda:0") == 2  # iota and the dim value, moved each call
 
 
-def test_simulated_cuda_state_is_copied(fake_cuda):
+def _cache_step(x, cache, pos):
     import tgx.lax as lax
 
-    def step(x, cache, pos):
-        cache = lax.dynamic_update_slice(cache, x[None], (pos, 0))
-        return tnp.sum(cache), cache
+    cache = lax.dynamic_update_slice(cache, x[None], (pos, 0))
+    return tnp.sum(cache), cache
 
-    f = tgx.compile(step, state="cache", device="cuda:0", backends=["torch"])
+
+def _state_round_trip():
+    """Three steps of `_cache_step` compiled for cuda:0, checked against the values written;
+    returns the compiled function and the caller's cache."""
+    f = tgx.compile(_cache_step, state="cache", device="cuda:0", backends=["torch"])
     cache = np.zeros((4, 2), np.float32)
     for pos in range(3):
         y, new = f(np.full(2, pos + 1.0, np.float32), cache, np.int32(pos))
         assert new is cache
     assert float(y) == 12.0 and cache[:3, 0].tolist() == [1.0, 2.0, 3.0]
+    return f, cache
+
+
+def test_simulated_cuda_state_is_copied(fake_cuda):
+    f, cache = _state_round_trip()
     cg = f.lower(np.ones(2, np.float32), cache, np.int32(0)).compiled
     assert [copy for _, _, copy in cg.state] == [True]  # the device copy, not the caller's array
 
@@ -403,18 +411,7 @@ def test_cuda_budget_and_kernels_without_inputs(rng):
 @cuda
 @needs_cuda
 def test_cuda_state_round_trip():
-    import tgx.lax as lax
-
-    def step(x, cache, pos):
-        cache = lax.dynamic_update_slice(cache, x[None], (pos, 0))
-        return tnp.sum(cache), cache
-
-    f = tgx.compile(step, state="cache", device="cuda:0", backends=["torch"])
-    cache = np.zeros((4, 2), np.float32)
-    for pos in range(3):
-        y, new = f(np.full(2, pos + 1.0, np.float32), cache, np.int32(pos))
-        assert new is cache
-    assert float(y) == 12.0 and cache[:3, 0].tolist() == [1.0, 2.0, 3.0]
+    _state_round_trip()
 
 
 @cuda
