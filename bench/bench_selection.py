@@ -63,13 +63,9 @@ def runner(plan, args):
 
 
 def timed(run, budget, spin_up_s=0.1):
-    # Thread pools outlive the call that started them (OpenBLAS workers spin ~0.1 s, torch's
-    # OpenMP pool, XLA's): run the plan untimed first, so it is timed in its own steady state
-    # and not paying for the plan timed before it (as tgx.planning.recipes.measure_plans does)
-    end = time.perf_counter() + spin_up_s
-    while time.perf_counter() < end:
-        run()
-    return measure(run, budget_s=budget).median_s
+    # each plan timed in its own steady state, not paying for the thread pools of the plan
+    # timed before it (see `measure(warmup_s=)`; as tgx.planning.recipes.measure_plans does)
+    return measure(run, budget_s=budget, warmup_s=spin_up_s).median_s
 
 
 def time_plans(plans: dict, args, budget: float, rounds: int, seed: int = 0):

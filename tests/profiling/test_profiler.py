@@ -93,6 +93,20 @@ def test_measure_stops_at_the_budget():
     assert 1 <= t.samples <= 7
 
 
+def test_measure_warms_up_for_warmup_s_before_timing():
+    calls = []
+
+    def f():
+        calls.append(time.perf_counter())
+        time.sleep(1e-3)
+
+    start = time.perf_counter()
+    t = measure(f, warmup=1, warmup_s=0.05, budget_s=0.01, rel_tol=10.0, min_repeats=1)
+    untimed = len(calls) - t.samples
+    assert calls[untimed - 1] - start >= 0.04  # calls went on until warmup_s had passed
+    assert untimed > 1
+
+
 def test_measure_syncs_every_unbatched_call():
     seen = []
     t = measure(lambda: time.sleep(1e-4) or 7, sync=seen.append, warmup=2, max_repeats=4,

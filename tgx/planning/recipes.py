@@ -192,7 +192,6 @@ def measure_plans(graph, plans: Mapping, store, dims: Mapping, *, budget_s: floa
     run in a loop pays only for its own pools."""
     import random
     import statistics
-    import time
     import warnings
 
     import numpy as np
@@ -252,10 +251,8 @@ def measure_plans(graph, plans: Mapping, store, dims: Mapping, *, budget_s: floa
             for impl in order:
                 with np.errstate(all="ignore"), warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)
-                    end = time.perf_counter() + spin_up_s
-                    while time.perf_counter() < end:  # steady state: its own pools only
-                        runs[impl](*args)
-                    passes[impl].append(measure(runs[impl], args, budget_s=budget_s / rounds))
+                    passes[impl].append(measure(runs[impl], args, budget_s=budget_s / rounds,
+                                                warmup_s=spin_up_s))
 
     race(list(runs), rounds)
     # plans within `CLOSE` of the fastest are told apart with more passes (racing): the

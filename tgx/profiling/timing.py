@@ -91,8 +91,15 @@ def _is_stable(samples: list[float], rel_tol: float) -> bool:
 def measure(fn: Callable, args: Sequence[Any] = (), *,
             sync: Callable[[Any], None] | str | None = None,
             warmup: int = 3, min_repeats: int = 5, max_repeats: int = 1000,
-            budget_s: float = 1.0, rel_tol: float = 0.02, cold_l2: bool = False) -> Timing:
-    """Time ``fn(*args)``: `warmup` calls, then samples until the median is stable.
+            budget_s: float = 1.0, rel_tol: float = 0.02, cold_l2: bool = False,
+            warmup_s: float = 0.0) -> Timing:
+    """Time ``fn(*args)``: `warmup` calls (and more until `warmup_s` has passed), then
+    samples until the median is stable.
+
+    `warmup_s` lets thread pools settle: they outlive the call that started them (OpenBLAS
+    workers spin ~0.1 s, torch's OpenMP pool, XLA's), so a function timed right after
+    another's work would pay for it; after `warmup_s` of its own calls it pays only for its
+    own pools.
 
     Sampling stops once there are at least `min_repeats` samples and the median of the
     newest half is within `rel_tol` of the running median, or after `max_repeats` samples,
@@ -124,10 +131,12 @@ def measure(fn: Callable, args: Sequence[Any] = (), *,
             sync(out)
 
     single = float("inf")
-    for _ in range(max(1, warmup)):
+    n, until = 0, time.perf_counter() + warmup_s
+    while n < max(1, warmup) or time.perf_counter() < until:
         t0 = time.perf_counter()
         once()
         single = min(single, time.perf_counter() - t0)
+        n += 1
 
     batch = 1
     if flush is None and single < BATCH_BELOW_S:
