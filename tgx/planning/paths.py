@@ -180,6 +180,8 @@ class Level:
             table: list = [None] * (len(units) + 1)
             table[len(units)] = {}
             fresh = self._first_reads(units)
+            # copying graph inputs read first by unit k to backend b (b: seconds)
+            copy_in: list = [{} for _ in units]
             nxt = None
             for k in range(len(units) - 1, -1, -1):
                 u = units[k]
@@ -196,9 +198,11 @@ class Level:
                         c, b = u.sub.lb, ANY
                     else:
                         c, b = paths.estimate(u, o).seconds, o.backend
-                    if b != ANY:  # graph inputs read here first must be copied to b
-                        c += sum(paths.transfer_estimate(a.aval, HOST, b).seconds
-                                 for a in fresh.get(k, ()) if b != HOST)
+                    if b not in (ANY, HOST) and k in fresh:  # inputs read here first
+                        if b not in copy_in[k]:
+                            copy_in[k][b] = sum(paths.transfer_estimate(a.aval, HOST, b).seconds
+                                                for a in fresh[k])
+                        c += copy_in[k][b]
                     if c < here.get(b, math.inf):
                         here[b] = c
                 rest = table[k + 1]
@@ -214,11 +218,12 @@ class Level:
                     row[b] = c + best
                 table[k] = row
                 nxt = u
-            hit = self._tables[id(units)] = (tuple(table), fresh, units)  # units: id key
+            hit = self._tables[id(units)] = (tuple(table), tuple(copy_in), units)  # id key
         return hit[0]
 
-    def first_reads(self, units: tuple) -> dict:
-        """{unit position: the graph inputs (host values) it is the first unit to read}."""
+    def first_read_copies(self, units: tuple) -> tuple:
+        """Per unit position, {backend: seconds} of copying the graph inputs it is the first
+        to read there (included in `backend_table`)."""
         self.backend_table(units)
         return self._tables[id(units)][1]
 
@@ -362,10 +367,9 @@ class _State:
             if i == top and isinstance(u, Unit):
                 # the table's first-read copies of this unit are in `_entry`, exactly
                 paths = f.level._paths
-                first = f.level.first_reads(f.units).get(f.pos, ())
-                total += min(r - sum(paths.transfer_estimate(a.aval, HOST, b).seconds
-                                     for a in first if b not in (HOST, ANY))
-                             + self._entry(paths, u, b) for b, r in row.items())
+                first = f.level.first_read_copies(f.units)[f.pos]
+                total += min(r - first.get(b, 0.0) + self._entry(paths, u, b)
+                             for b, r in row.items())
             else:
                 total += min(row.values())
         return total
