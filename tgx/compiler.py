@@ -301,7 +301,7 @@ def selection_plan(graph, sel, cm, dims, policy: str, *, store=None, in_names=No
 
     g, assign, chosen, ests = realize(sel)
     if policy == "fastest" and store is not None:
-        flag_pending(store, cm, g.eqns, chosen, ests, dims)
+        flag_pending(store, cm, g.eqns, chosen, ests, dims, sel.backends)
     bg = rebackend(g, assign, outputs=None if return_backend_arrays else "numpy")
     it = iter(zip(chosen, ests))
     kernels, estimates = [], []

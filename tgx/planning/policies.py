@@ -223,8 +223,12 @@ def explore(graph: Graph, backends, store, cost_model, dims, budget_s: float = 0
     return n
 
 
-def flag_pending(store, cost_model, eqns, kernels, estimates, dims) -> int:
-    """Write a pending flag for each chosen kernel whose figure was not measured."""
+def flag_pending(store, cost_model, eqns, kernels, estimates, dims, backends=()) -> int:
+    """Flag for the offline profiler every equation whose chosen kernel was priced without a
+    measurement: each of its candidate kernels on `backends` (and the chosen one) that the
+    store has not measured at `dims`. All candidates, not only the chosen one: once the
+    chosen kernel is measured, a sibling priced by the cost model may look cheaper and be
+    chosen next, so flagging one at a time would need a profiling run per variant."""
     from ..profiling.pending import Unencodable, describe_equation
     from ..store.schema import make_pending
     from .cost_model import kernel_name
@@ -239,9 +243,14 @@ def flag_pending(store, cost_model, eqns, kernels, estimates, dims) -> int:
             continue
         ghash, wkey = cost_model.keys(e, dims)
         desc["axes"] = cost_model.workload(e, dims)[1]
-        recs.append(make_pending(ghash, wkey, cost_model.impl_key(k), cost_model.env_id,
-                                 {"name": k.name, "backend": k.backend, "variant": k.variant,
-                                  "label": kernel_name(k)}, desc))
+        todo = [k] + [c for b in backends for c in accepted_kernels(e, b) if c != k]
+        for c in todo:
+            ikey = cost_model.impl_key(c)
+            if c is not k and store.measured(ghash, ikey, wkey, cost_model.env_id):
+                continue
+            recs.append(make_pending(ghash, wkey, ikey, cost_model.env_id,
+                                     {"name": c.name, "backend": c.backend,
+                                      "variant": c.variant, "label": kernel_name(c)}, desc))
     return store.add_pending(recs) if recs else 0
 
 

@@ -68,6 +68,8 @@ class Selection:
     total: float
     transfer_s: float
     dims: dict = field(default_factory=dict)
+    #: the backends it chose among
+    backends: tuple = ()
 
     def sources(self) -> list[str]:
         return [c.estimate.source for c in self.choices]
@@ -400,7 +402,7 @@ class _Selector:
                     a = min((self.improve(x) for x in seeds), key=lambda x: self.total(x)[0])
             total, tr = self.total(a)
             return Selection(graph, [self.opts[i][b] for i, b in enumerate(a)], total, tr,
-                             dict(self.dims))
+                             dict(self.dims), tuple(self.backends))
         finally:
             (self.graph, self.home, self.opts, self.producer, self.consumers, self.outs,
              self.aval, self._t) = saved
