@@ -1,4 +1,4 @@
-"""Benchmark of the static memory planner (tgx.planning.memory).
+"""Benchmark of the static memory planner (tgx.runtime.memory).
 
 Prints planning time for 200 / 2,000 buffers, the cost of one ``resolve`` call, and the
 workspace peak against the lower bound (largest live set) and the sum of intermediates
@@ -18,7 +18,7 @@ import sympy
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tgx.planning.memory import BufferRequest, format_bytes, liveness, plan_memory  # noqa: E402
+from tgx.runtime.memory import BufferRequest, format_bytes, liveness, plan_memory  # noqa: E402
 
 N = sympy.Symbol("N", integer=True, positive=True)  # sequence length
 B = sympy.Symbol("B", integer=True, positive=True)  # batch

@@ -19,8 +19,8 @@ import numpy as np
 
 import tgx
 import tgx.numpy as tnp
-from tgx.lowerings import backend_available
-from tgx.planning.memory import format_bytes
+from tgx.backends import backend_available
+from tgx.runtime.memory import format_bytes
 
 
 def _calls_per_sample(fn, min_time):

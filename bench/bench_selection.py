@@ -27,9 +27,9 @@ import tgx  # noqa: E402
 import tgx.nn as tnn  # noqa: E402
 from bench_runtime import block, block_params, mlp  # noqa: E402
 from tgx.compiler import Plan  # noqa: E402
-from tgx.interpreters.lower import lower  # noqa: E402
-from tgx.interpreters.rebackend import rebackend  # noqa: E402
-from tgx.lowerings import available_backends  # noqa: E402
+from tgx.lowering.lower import lower  # noqa: E402
+from tgx.lowering.rebackend import rebackend  # noqa: E402
+from tgx.backends import available_backends  # noqa: E402
 from tgx.planning.candidates import accepted_kernels  # noqa: E402
 from tgx.planning.cost_model import CostModel  # noqa: E402
 from tgx.planning.policies import decompose_unsupported  # noqa: E402

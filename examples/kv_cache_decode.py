@@ -22,7 +22,7 @@ import tgx
 import tgx.lax as lax
 import tgx.nn as tnn
 import tgx.numpy as tnp
-from tgx.lowerings import available_backends
+from tgx.backends import available_backends
 
 D, H, FF, VOCAB, T_MAX = 64, 4, 128, 96, 256
 DH = D // H

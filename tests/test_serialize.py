@@ -8,7 +8,7 @@ import pytest
 import tgx
 import tgx.nn as tnn
 import tgx.numpy as tnp
-from tgx.interpreters.evaluate import eval_graph
+from tgx.transforms.evaluate import eval_graph
 from tgx.serialize import SerializationError, graph_from_bytes, graph_to_bytes
 from tgx.shapes import bfloat16
 

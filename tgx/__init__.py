@@ -15,8 +15,8 @@ from .errors import (
     BindingError, DTypeError, GraphCheckError, KernelError, OutOfMemory, ShapeError,
     SymbolicShapeError, TgxError, TracerControlFlowError,
 )
-from .interpreters.decompose import decompose
-from .interpreters.evaluate import eval_graph
+from .transforms.decompose import decompose
+from .transforms.evaluate import eval_graph
 from .shapes import ShapedArray, Spec
 from .tracing import make_graph, register_pytree_node, tree_flatten, tree_map, tree_unflatten
 
@@ -32,15 +32,15 @@ _LAZY = {
     "equivalent": "tgx.graph",
     "find_pattern": "tgx.graph",
     "replace_pattern": "tgx.graph",
-    "simplify": "tgx.interpreters.simplify",
-    "fuse": "tgx.interpreters.fuse",
-    "unroll": "tgx.interpreters.unroll",
-    "rebackend": "tgx.interpreters.rebackend",
+    "simplify": "tgx.transforms.simplify",
+    "fuse": "tgx.transforms.fuse",
+    "unroll": "tgx.transforms.unroll",
+    "rebackend": "tgx.lowering.rebackend",
     "compile": "tgx.compiler",   # a module named `compile` would shadow the function
     "Plan": "tgx.compiler",
     "candidates": "tgx.planning.candidates",
-    "Device": "tgx.runtime",
-    "CompiledGraph": "tgx.runtime",
+    "Device": "tgx.runtime.compiled",
+    "CompiledGraph": "tgx.runtime.compiled",
     "BenchmarkStore": "tgx.store",
     "profile": "tgx.profiling",
     "paths": "tgx.planning.paths",

@@ -20,14 +20,14 @@ from typing import Any
 
 from .core import Graph
 from .errors import BindingError, DTypeError, OutOfMemory, ShapeError, TgxError
-from .interpreters.lower import OWNED, lower, owned
-from .interpreters.rebackend import BackendGraph, rebackend
-from .planning.memory import format_bytes
+from .lowering.lower import OWNED, lower, owned
+from .lowering.rebackend import BackendGraph, rebackend
+from .runtime.memory import format_bytes
 from .planning.candidates import accepted_kernels
 from .planning.policies import (
     HINT, assign_backends, check_backends, choose_kernels, decompose_unsupported, primary_backend,
 )
-from .runtime import Device
+from .runtime.compiled import Device
 from .shapes import ShapedArray, Spec, aval_of, free_symbols, shape_str, shapes_provably_equal
 from .tracing import (
     leaf_names, trace_to_graph, tree_flatten, tree_structure_str, tree_unflatten,
@@ -133,7 +133,7 @@ class Plan:
                 f"{len(self.compiled)} instructions")
 
     def __str__(self) -> str:
-        from .pretty import pp_eqn, var_namer
+        from .core import pp_eqn, var_namer
 
         name = var_namer(self.graph)
         on = f", device {self.device}" if self.device != "cpu" else ""

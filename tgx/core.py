@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from .errors import GraphCheckError, TgxError
-from .shapes import ShapedArray, aval_of, shapes_equal
+from .shapes import SHORT_NAMES, ShapedArray, aval_of, shapes_equal
 
 # ---------------------------------------------------------------------------------------------
 # Source info
@@ -113,8 +113,6 @@ class Eqn:
     source_info: SourceInfo | None = None
 
     def __repr__(self) -> str:
-        from .pretty import pp_eqn
-
         return pp_eqn(self)
 
 
@@ -156,14 +154,45 @@ class Graph:
         return Graph(**fields)
 
     def __str__(self) -> str:
-        from .pretty import pp_graph
-
         return pp_graph(self)
 
     __repr__ = __str__
 
     def __len__(self) -> int:
         return len(self.eqns)
+
+
+# ---------------------------------------------------------------------------------------------
+# The trace stack (JAX's `find_top_trace`): core owns dispatch, interpreters subclass `Trace`
+
+_TRACE_STACK: list["Trace"] = []
+
+
+class Trace:
+    """An active interpretation of primitives; `bind` hands it every primitive applied while
+    it is the innermost one. Subclasses implement `process_primitive` (the graph builder of
+    `tgx.tracing` stages equations). Used as a context manager: `with trace: ...`."""
+
+    level: int = 0
+
+    def __enter__(self):
+        self.level = len(_TRACE_STACK)
+        _TRACE_STACK.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        assert _TRACE_STACK.pop() is self
+
+    def process_primitive(self, prim: "Primitive", args, params: "Params"):
+        raise NotImplementedError
+
+
+def find_top_trace(args) -> Trace | None:
+    """The innermost active trace, or None to evaluate eagerly.
+
+    Every op inside a trace is staged, even on NumPy constants (JAX's "omnistaging"): that
+    keeps symbolic shapes symbolic and large constants out of the graph."""
+    return _TRACE_STACK[-1] if _TRACE_STACK else None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -209,7 +238,7 @@ class Primitive:
         return self.name
 
     def __reduce__(self):  # pickles by name, so graphs cross process boundaries
-        return (_primitive_by_name, (self.name,))
+        return (primitive_by_name, (self.name,))
 
     # -- registration ------------------------------------------------------------------------
     def def_shape(self, f: Callable) -> Callable:
@@ -235,9 +264,7 @@ class Primitive:
 
     def bind(self, *args, **params):
         """Apply the primitive: traced when any argument is a tracer, else evaluated eagerly."""
-        from .tracing import current_trace_for
-
-        trace = current_trace_for(args)
+        trace = find_top_trace(args)
         if trace is None:
             # Eager: validate with the shape rule (clear errors), then run the NumPy reference.
             arrays = [a if isinstance(a, (np.ndarray, np.generic)) else np.asarray(a)
@@ -250,10 +277,13 @@ class Primitive:
         return trace.process_primitive(self, args, Params(params))
 
 
-def _primitive_by_name(name: str) -> Primitive:
-    from . import primitives  # noqa: F401 - registers every primitive
-
-    return PRIMITIVES[name]
+def primitive_by_name(name: str) -> Primitive:
+    """The primitive registered as `name` (`import tgx` registers every family); a
+    `TgxError` naming it when there is none."""
+    p = PRIMITIVES.get(name)
+    if p is None:
+        raise TgxError(f"no primitive named {name!r} is registered")
+    return p
 
 
 def _only_once(p: Primitive, what: str) -> None:
@@ -320,11 +350,90 @@ def _subgraphs(eqn: Eqn):
 
 
 def _context(graph: Graph, i: int, radius: int = 2) -> str:
-    from .pretty import pp_eqn, var_namer
-
     names = var_namer(graph)
     lines = []
     for j in range(max(0, i - radius), min(len(graph.eqns), i + radius + 1)):
         mark = ">>" if j == i else "  "
         lines.append(f"  {mark} {pp_eqn(graph.eqns[j], names)}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# The text form, jaxpr-like, with symbolic dims:
+#
+#     { lambda ; a:f32[N,784] b:f32[784,128]. let
+#         c:f32[N,128] = dot_general[contract=((1,), (0,)) batch=((), ())] a b
+#       in (c) }
+
+
+def _name(i: int) -> str:
+    # a, b, …, z, ba, bb, … (base 26 with letters as digits, as jaxprs print)
+    s = ""
+    while True:
+        s = chr(ord("a") + i % 26) + s
+        i //= 26
+        if i == 0:
+            return s
+
+
+def var_namer(graph: Graph | None = None) -> Callable[[Var | Literal], str]:
+    names: dict[int, str] = {}
+
+    def name(v):
+        if isinstance(v, Literal):
+            val = v.val
+            if isinstance(val, (np.generic, np.ndarray)):
+                val = val.item()
+            return f"{val!r}:{v.aval.str_short()}"
+        n = names.get(v.id)
+        if n is None:
+            n = names[v.id] = _name(len(names))
+        return n
+
+    if graph is not None:
+        for v in (*graph.constvars, *graph.invars):
+            name(v)
+        for e in graph.eqns:
+            for v in e.outvars:
+                name(v)
+    return name
+
+
+def _fmt_param(v, indent: int) -> str:
+    if isinstance(v, Graph):
+        body = pp_graph(v, indent + 4)
+        return "\n" + " " * (indent + 4) + body
+    if isinstance(v, np.dtype):
+        return SHORT_NAMES.get(v, str(v))
+    if isinstance(v, tuple):
+        inner = ", ".join(_fmt_param(x, indent) for x in v)
+        return f"({inner}{',' if len(v) == 1 else ''})"
+    if hasattr(v, "free_symbols"):
+        return str(v).replace(" ", "")
+    if callable(v) and hasattr(v, "__name__"):
+        return v.__name__
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def pp_eqn(eqn: Eqn, name: Callable | None = None, indent: int = 0) -> str:
+    name = name or var_namer()
+    outs = " ".join(f"{name(v)}:{v.aval.str_short()}" for v in eqn.outvars)
+    params = ""
+    if eqn.params:
+        params = "[" + " ".join(f"{k}={_fmt_param(v, indent)}"
+                                for k, v in eqn.params.items()) + "]"
+    ins = " ".join(name(x) for x in eqn.invars)
+    return f"{outs} = {eqn.primitive.name}{params} {ins}".rstrip()
+
+
+def pp_graph(graph: Graph, indent: int = 0) -> str:
+    name = var_namer()
+    consts = " ".join(f"{name(v)}:{v.aval.str_short()}" for v in graph.constvars)
+    ins = " ".join(f"{name(v)}:{v.aval.str_short()}" for v in graph.invars)
+    pad = " " * indent
+    lines = [f"{{ lambda {consts}{' ' if consts else ''}; {ins}. let"]
+    for e in graph.eqns:
+        lines.append(f"{pad}    {pp_eqn(e, name, indent + 4)}")
+    outs = " ".join(name(v) for v in graph.outvars)
+    lines.append(f"{pad}  in ({outs}) }}")
     return "\n".join(lines)

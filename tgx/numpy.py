@@ -47,7 +47,7 @@ def _aval(x: Any) -> ShapedArray:
 
 
 def _is_array(x: Any) -> bool:
-    # Literals reach op wrappers when a transform re-runs a graph (tgx.interpreters.rewrite).
+    # Literals reach op wrappers when a transform re-runs a graph (tgx.transforms.rewrite).
     return isinstance(x, (Tracer, Literal, np.ndarray, np.generic))
 
 

@@ -26,7 +26,7 @@ import msgpack
 import numpy as np
 import sympy
 
-from .core import Eqn, Graph, Literal, Params, SourceInfo, Var, _primitive_by_name
+from .core import PRIMITIVES, Eqn, Graph, Literal, Params, SourceInfo, Var
 from .errors import TgxError
 from .shapes import ShapedArray, as_dtype, sym
 
@@ -228,9 +228,8 @@ def _graph_in(d: dict) -> Graph:
     invars = [new(r) for r in d["invars"]]
     eqns = []
     for e in d["eqns"]:
-        try:
-            prim = _primitive_by_name(e["p"])
-        except KeyError:
+        prim = PRIMITIVES.get(e["p"])
+        if prim is None:
             raise SerializationError(f"unknown primitive {e['p']!r} in serialized graph "
                                      f"(is the module declaring it imported?)") from None
         ins = tuple(atom(a) for a in e["in"])

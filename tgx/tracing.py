@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .core import Eqn, Graph, Literal, Params, Primitive, SourceInfo, Var
+from .core import Eqn, Graph, Literal, Params, Primitive, SourceInfo, Trace, Var
 from .errors import TgxError, TracerControlFlowError
 from .shapes import ShapedArray, aval_of, dim_str, is_concrete, shape_str
 
@@ -153,9 +153,6 @@ def tree_structure_str(td: TreeDef) -> str:
 # ---------------------------------------------------------------------------------------------
 # Tracers and the graph builder
 
-_BUILDERS: list["GraphBuilder"] = []
-
-
 class Tracer:
     """An array inside a traced function. Operators are installed by `tgx.numpy`."""
 
@@ -237,24 +234,17 @@ class Tracer:
     __hash__ = object.__hash__
 
 
-class GraphBuilder:
-    """Collects equations while a function is traced (one per nesting level)."""
+class GraphBuilder(Trace):
+    """Collects equations while a function is traced (one per nesting level): the `Trace`
+    that stages every primitive bound while it is active (`with GraphBuilder() as b:`)."""
 
     def __init__(self):
         self.eqns: list[Eqn] = []
         self.constvars: list[Var] = []
         self.consts: list[Any] = []
         self._const_ids: dict[int, Var] = {}
-        self.level = len(_BUILDERS)
         # Transforms re-emitting an equation keep the user's line of the original equation.
         self.source_override: SourceInfo | None = None
-
-    def __enter__(self):
-        _BUILDERS.append(self)
-        return self
-
-    def __exit__(self, *exc):
-        assert _BUILDERS.pop() is self
 
     def new_arg(self, aval: ShapedArray, hint: str | None = None) -> Tracer:
         return Tracer(self, Var(aval, hint))
@@ -308,15 +298,6 @@ def _with_location(msg: str, prim: Primitive, atoms, info) -> str:
     operands = ", ".join(a.aval.str_short() for a in atoms)
     at = f"\n  at {info}" if info is not None else ""
     return f"{msg}\n  operands: {operands}{at}"
-
-
-def current_trace_for(args) -> GraphBuilder | None:
-    """The innermost active builder, or None to evaluate eagerly.
-
-    Every op inside a trace is staged, even on NumPy constants (JAX's "omnistaging"): that keeps
-    symbolic shapes symbolic and large constants out of the graph.
-    """
-    return _BUILDERS[-1] if _BUILDERS else None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import pytest
 
 import tgx
 from tgx.errors import KernelError
-from tgx.lowerings import backend_available
+from tgx.backends import backend_available
 from tests.ops.op_table import OPS, assert_close, reference, split_args
 
 for _f in sorted((pathlib.Path(__file__).parent.parent / "ops").glob("ops_*.py")):

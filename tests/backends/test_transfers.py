@@ -7,8 +7,8 @@ import pytest
 
 import tgx
 import tgx.numpy as tnp
-from tgx.lowerings import backend_available
-from tgx.lowerings.transfers import CONVERTERS, to_numpy
+from tgx.backends import backend_available
+from tgx.backends.transfers import CONVERTERS, to_numpy
 from tgx.primitives.transfer import copy_to
 from tgx.shapes import DTYPES
 

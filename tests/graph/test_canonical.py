@@ -5,7 +5,7 @@ from hypothesis import strategies as st
 import tgx
 import tgx.numpy as tnp
 from tgx.graph import canonicalize, structural_hash
-from tgx.interpreters.evaluate import eval_graph_flat
+from tgx.transforms.evaluate import eval_graph_flat
 
 from .randgraph import build, inputs, steps
 from .test_hashing import _shuffle_topologically, _swap_commutative

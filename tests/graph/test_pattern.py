@@ -3,7 +3,7 @@ import numpy as np
 import tgx
 import tgx.numpy as tnp
 from tgx.graph import Match, equivalent, find_pattern, replace_pattern
-from tgx.interpreters.evaluate import eval_graph_flat
+from tgx.transforms.evaluate import eval_graph_flat
 
 
 def rms_norm(x, w, eps=1e-6):

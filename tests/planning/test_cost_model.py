@@ -5,7 +5,7 @@ import pytest
 
 import tgx
 import tgx.numpy as tnp
-from tgx.lowerings.registry import kernels_for
+from tgx.backends.registry import kernels_for
 from tgx.planning.cost_model import CostModel, calibrate
 from tgx.store import BenchmarkStore
 

@@ -1,4 +1,4 @@
-"""Tests of the static buffer planner (tgx.planning.memory)."""
+"""Tests of the static buffer planner (tgx.runtime.memory)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sympy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tgx.planning.memory import (
+from tgx.runtime.memory import (
     BufferRequest,
     OutOfMemory,
     aligned_size,

@@ -104,7 +104,7 @@ def test_every_plan_runs_and_matches_reference():
     ps = Paths(g, backends=NT, decompose=False, cost_model=PlantedCosts())
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     y = np.random.default_rng(1).standard_normal((4, 5)).astype(np.float32)
-    ref = tgx.interpreters.evaluate.eval_graph(g, x, y)
+    ref = tgx.transforms.evaluate.eval_graph(g, x, y)
     n = 0
     for p in ps:
         np.testing.assert_allclose(p.run(x, y), ref, rtol=1e-5, atol=1e-6)
@@ -117,7 +117,7 @@ def test_decomposed_plans_run():
     g = tgx.make_graph(lambda x: tnn.softmax(x, axis=-1))(S((2, 3)))
     ps = Paths(g, backends=["numpy", "torch", "jax"], cost_model=PlantedCosts())
     x = np.random.default_rng(0).standard_normal((2, 3)).astype(np.float32)
-    ref = tgx.interpreters.evaluate.eval_graph(g, x)
+    ref = tgx.transforms.evaluate.eval_graph(g, x)
     for p in itertools.islice(ps, 0, None, max(1, ps.count() // 25)):
         np.testing.assert_allclose(p.run(x), ref, rtol=1e-5, atol=1e-6)
 

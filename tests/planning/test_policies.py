@@ -8,7 +8,7 @@ import pytest
 
 import tgx
 import tgx.numpy as tnp
-from tgx.lowerings.registry import kernels_for, register_kernel, remove_kernel
+from tgx.backends.registry import kernels_for, register_kernel, remove_kernel
 from tgx.planning.cost_model import CostModel
 from tgx.store import BenchmarkStore
 

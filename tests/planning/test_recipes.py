@@ -9,7 +9,7 @@ import pytest
 import tgx
 import tgx.numpy as tnp
 from tgx.compiler import plan_graph
-from tgx.lowerings import backend_available
+from tgx.backends import backend_available
 from tgx.planning import recipes
 from tgx.planning.cost_model import CostModel
 from tgx.serialize import SerializationError
@@ -53,8 +53,8 @@ def _backends(plan) -> set:
 def test_payload_round_trip_rebuilds_the_same_plan():
     g = tgx.make_graph(f)(tgx.Spec(("N",)))
     assign = ["numpy", BACKENDS[-1], "numpy", BACKENDS[-1]]
-    from tgx.interpreters.lower import lower
-    from tgx.interpreters.rebackend import rebackend
+    from tgx.lowering.lower import lower
+    from tgx.lowering.rebackend import rebackend
     from tgx.planning.candidates import accepted_kernels
 
     bg = rebackend(g, assign)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import tgx
 import tgx.numpy as tnp
-from tgx.lowerings import backend_available
+from tgx.backends import backend_available
 
 D = 6
 UNARY = {"exp": lambda x: tnp.exp(tnp.minimum(x, 3.0)), "neg": tnp.negative, "sin": tnp.sin,

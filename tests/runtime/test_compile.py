@@ -8,8 +8,8 @@ import pytest
 import tgx
 import tgx.numpy as tnp
 from tgx.errors import BindingError, DTypeError, KernelError
-from tgx.interpreters.rebackend import rebackend
-from tgx.lowerings import backend_available
+from tgx.lowering.rebackend import rebackend
+from tgx.backends import backend_available
 from tgx.primitives.transfer import copy_to
 
 HAS_TORCH = backend_available("torch")

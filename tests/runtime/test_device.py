@@ -15,10 +15,10 @@ import tgx
 import tgx.numpy as tnp
 from tgx.errors import KernelError, OutOfMemory
 from tgx.compiler import plan_graph
-from tgx.interpreters.lower import lower
-from tgx.lowerings import backend_available
+from tgx.lowering.lower import lower
+from tgx.backends import backend_available
 from tgx.planning.policies import assign_backends, choose_kernels, decompose_unsupported
-from tgx.runtime import Device, cuda_available, device_unavailable_reason
+from tgx.runtime.compiled import Device, cuda_available, device_unavailable_reason
 from tgx.tracing import tree_flatten
 
 HAS_TORCH = backend_available("torch")
@@ -186,8 +186,8 @@ def fake_cuda(monkeypatch):
     for cuda:0 is recorded and done on the CPU. Checks the plumbing (plans, transfers, memory
     accounting, weights, budgets) on machines without a GPU; the real thing is below."""
     pytest.importorskip("torch")
-    import tgx.runtime as rt
-    from tgx.lowerings import load_backend, transfers
+    import tgx.runtime.compiled as rt
+    from tgx.backends import load_backend, transfers
 
     tb = load_backend("torch")
     asked = _Log()  # (backend, device) of every conversion

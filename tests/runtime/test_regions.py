@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 import tgx
 import tgx.numpy as tnp
-from tgx.interpreters.lower import lower
-from tgx.interpreters.rebackend import rebackend
-from tgx.lowerings import backend_available
+from tgx.lowering.lower import lower
+from tgx.lowering.rebackend import rebackend
+from tgx.backends import backend_available
 from tgx.planning.candidates import accepted_kernels
 
 from ..graph import randgraph

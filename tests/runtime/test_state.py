@@ -9,7 +9,7 @@ import tgx
 import tgx.lax as lax
 import tgx.nn as tnn
 import tgx.numpy as tnp
-from tgx.lowerings import available_backends
+from tgx.backends import available_backends
 
 BACKENDS = [pytest.param(b, marks=pytest.mark.skipif(b not in available_backends(),
                                                      reason=f"{b} missing"))
@@ -270,7 +270,7 @@ def windows(draw):
 @given(windows())
 def test_dynamic_slice_and_update_clamp_like_jax(case):
     jlax = pytest.importorskip("jax").lax
-    from tgx.lowerings.numpy_backend import numpy_dynamic_update_slice_inplace
+    from tgx.backends.numpy_backend import numpy_dynamic_update_slice_inplace
 
     shape, sizes, starts = case
     x = np.arange(np.prod(shape), dtype=np.int32).reshape(shape)

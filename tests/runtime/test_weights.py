@@ -5,7 +5,7 @@ import pytest
 
 import tgx
 import tgx.numpy as tnp
-from tgx.lowerings import available_backends
+from tgx.backends import available_backends
 
 HAS_JAX = "jax" in available_backends()
 HAS_TORCH = "torch" in available_backends()
@@ -38,7 +38,7 @@ def copies_of_weights(plan):
 @pytest.mark.skipif(not HAS_JAX, reason="jax missing")
 @pytest.mark.parametrize("weights", ["params", 0, ("params",)])
 def test_jax_weights_converted_once(weights, monkeypatch):
-    from tgx.lowerings import transfers
+    from tgx.backends import transfers
 
     calls = []
     orig = transfers.CONVERTERS["jax"]

@@ -4,8 +4,8 @@ from hypothesis import given
 import tgx
 import tgx.numpy as tnp
 from tgx.graph import equivalent, structural_hash
-from tgx.interpreters.evaluate import eval_graph_flat
-from tgx.interpreters.fuse import fuse
+from tgx.transforms.evaluate import eval_graph_flat
+from tgx.transforms.fuse import fuse
 
 from ..graph.randgraph import build, inputs, steps
 

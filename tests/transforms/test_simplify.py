@@ -4,8 +4,8 @@ from hypothesis import given
 import tgx
 import tgx.numpy as tnp
 from tgx.graph import equivalent
-from tgx.interpreters.evaluate import eval_graph_flat
-from tgx.interpreters.simplify import PASSES, PatternMatcher, Rule, simplify
+from tgx.transforms.evaluate import eval_graph_flat
+from tgx.transforms.simplify import PASSES, PatternMatcher, Rule, simplify
 
 from ..graph.randgraph import build, inputs, steps
 
@@ -100,7 +100,7 @@ def test_rules_are_data_and_compose():
 
 
 def _neg_neg(ins, ctx):
-    from tgx.interpreters.simplify import _tracer_of
+    from tgx.transforms.simplify import _tracer_of
 
     p = ctx.producer(ins[0])
     return [_tracer_of(ctx, p.invars[0])] if p is not None and p.primitive.name == "neg" else None

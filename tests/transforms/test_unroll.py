@@ -4,10 +4,10 @@ import torch
 
 import tgx
 import tgx.numpy as tnp
-from tgx.interpreters.evaluate import eval_graph
-from tgx.interpreters.fuse import fuse
-from tgx.interpreters.simplify import simplify
-from tgx.interpreters.unroll import unroll
+from tgx.transforms.evaluate import eval_graph
+from tgx.transforms.fuse import fuse
+from tgx.transforms.simplify import simplify
+from tgx.transforms.unroll import unroll
 
 I, H, B = 5, 7, 3
 

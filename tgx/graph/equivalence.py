@@ -214,7 +214,7 @@ def random_inputs(avals: list[ShapedArray], dims: dict, rng) -> list[np.ndarray]
 
 
 def _run(g: Graph, g64: Graph | None, xs: list) -> list[np.ndarray]:
-    from ..interpreters.evaluate import eval_graph_flat
+    from ..transforms.evaluate import eval_graph_flat
 
     if g64 is not None:
         xs = [x.astype(float64) if is_float(x.dtype) else x for x in xs]

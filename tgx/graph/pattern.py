@@ -58,8 +58,8 @@ def as_pattern(pattern: Graph | Callable, specs: tuple = (), graph: Graph | None
             raise TgxError("a pattern given as a function needs example Specs for its inputs, "
                            "e.g. find_pattern(g, fn, tgx.Spec(('N', 'D')))")
         g = make_graph(pattern)(*specs)
-    from ..interpreters.decompose import decompose
-    from ..interpreters.simplify import dead_code_elimination
+    from ..transforms.decompose import decompose
+    from ..transforms.simplify import dead_code_elimination
 
     if graph is not None:
         present = {e.primitive.name for e in graph.eqns}

@@ -11,7 +11,7 @@ log-space, its time scaled by the ratio of input bytes above the backend's per-c
 
 >>> import tgx, tgx.numpy as tnp
 >>> g = tgx.make_graph(lambda x: tnp.exp(x))(tgx.Spec(("N",)))
->>> from tgx.lowerings.registry import kernels_for
+>>> from tgx.backends.registry import kernels_for
 >>> k = [k for k in kernels_for("exp", "numpy") if k.variant == "default"][0]
 >>> CostModel().kernel(g.eqns[0], k, {"N": 1000}).source
 'cost model'
@@ -339,11 +339,11 @@ def calibrate(store=None, backends=None, budget_s: float = 0.2) -> dict[str, flo
     alone, at least 0); record them in `store` (graph ``tgx-calibration``, implementations
     ``overhead@<backend>`` and ``switch@<src>-><dst>``) and return {name: seconds}.
     A `CostModel` on that store uses them."""
-    from ..lowerings import available_backends
-    from ..lowerings.registry import kernels_for
-    from ..lowerings.transfers import CONVERTERS
+    from ..backends import available_backends
+    from ..backends.registry import kernels_for
+    from ..backends.transfers import CONVERTERS
     from ..profiling import measure, sync_for
-    from ..runtime import kernel_callable
+    from ..runtime.compiled import kernel_callable
 
     backends = list(backends or available_backends())
     out: dict[str, float] = {}

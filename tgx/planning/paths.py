@@ -3,7 +3,7 @@
 A *path* picks, for every equation of the graph: a kernel on one of the allowed backends (every
 accepted variant), or the primitive's decomposition (whose sub-graph then gets its own
 choices, recursively), or — for a set of equations matching a pattern kernel's `pattern`
-(`tgx.lowerings.patterns`, found with `tgx.find_pattern` in the graph and in every
+(`tgx.backends.patterns`, found with `tgx.find_pattern` in the graph and in every
 decomposition) — that one pattern kernel. Running a kernel on another backend than the one
 holding its inputs is a detour through `copy_to`: transfers are implied by the backends, as
 `tgx.rebackend` inserts them (a value is copied to a backend once and reused there; outputs
@@ -45,8 +45,8 @@ from typing import Any
 
 from ..core import Eqn, Graph, Literal, Params, Var
 from ..errors import TgxError
-from ..lowerings import load_backend
-from ..lowerings.registry import Kernel, all_kernels
+from ..backends import load_backend
+from ..backends.registry import Kernel, all_kernels
 from ..shapes import free_symbols
 from .candidates import accepted_kernels
 
@@ -427,7 +427,7 @@ class Paths:
 
     # -- building ---------------------------------------------------------------------------
     def _load_pattern_kernels(self) -> list[Kernel]:
-        from ..lowerings import patterns as _patterns  # noqa: F401 - registers them
+        from ..backends import patterns as _patterns  # noqa: F401 - registers them
 
         for b in self.backends:
             load_backend(b)
@@ -444,7 +444,7 @@ class Paths:
                     opts.append(Option("kernel", b, k))
         sub = None
         if eqn.primitive.decomposition is not None and (self.decompose or not opts):
-            from ..interpreters.decompose import decomposition_graph
+            from ..transforms.decompose import decomposition_graph
 
             sub = Level(decomposition_graph(eqn), self, depth + 1)
             opts.append(Option("decomposition"))
@@ -1223,8 +1223,8 @@ class PathPlan:
         """The `tgx.compiler.Plan` running this path (built once)."""
         if self._plan is None:
             from ..compiler import Plan
-            from ..interpreters.lower import lower
-            from ..interpreters.rebackend import rebackend
+            from ..lowering.lower import lower
+            from ..lowering.rebackend import rebackend
 
             rg, backends, kernels = self.realize()
             bg = rebackend(rg, backends, outputs=HOST)
@@ -1247,7 +1247,7 @@ class PathPlan:
 
     def reference(self, *args, **kwargs):
         """The reference evaluator's result on the same arguments (for checking)."""
-        from ..interpreters.evaluate import eval_graph
+        from ..transforms.evaluate import eval_graph
 
         return eval_graph(self.paths.graph, *args, **kwargs)
 
@@ -1276,7 +1276,7 @@ class PathPlan:
         """Time the plan (checked against the reference evaluator) and record a trace for its
         GRAPH_RECIPE implementation in `store` (default: `$TGX_STORE`); returns the record."""
         from ..graph import structural_hash
-        from ..interpreters.evaluate import bind_dims
+        from ..transforms.evaluate import bind_dims
         from ..profiling import input_descriptors, profile
         from ..tracing import tree_flatten
 
@@ -1292,7 +1292,7 @@ class PathPlan:
         except Exception:
             axes = {}
         workload = store.add_workload(gh, axes, input_descriptors(leaves))
-        from ..interpreters.evaluate import eval_graph_flat
+        from ..transforms.evaluate import eval_graph_flat
 
         golden = eval_graph_flat(g, leaves)
         golden = golden[0] if len(golden) == 1 else golden

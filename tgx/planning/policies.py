@@ -23,9 +23,9 @@ from collections.abc import Sequence
 
 from ..core import Graph, Literal
 from ..errors import KernelError
-from ..interpreters.decompose import decomposition_graph
-from ..interpreters.rewrite import eval_into, transform_graph
-from ..lowerings import available_backends, unavailable_reason
+from ..transforms.decompose import decomposition_graph
+from ..transforms.rewrite import eval_into, transform_graph
+from ..backends import available_backends, unavailable_reason
 from ..shapes import eval_dim
 from .candidates import accepted_kernels
 
@@ -48,7 +48,7 @@ def check_backends(backends: Sequence[str] | None, device: str = "cpu") -> list[
     the device: an explicitly named one that cannot is a `KernelError` naming the device and
     why (``torch.cuda.is_available() is False``); by default those that cannot are left out,
     and an error is raised when none can."""
-    from ..runtime import Device, device_unavailable_reason
+    from ..runtime.compiled import Device, device_unavailable_reason
 
     if backends is None:
         out = available_backends()
@@ -116,7 +116,7 @@ def assign_backends(graph: Graph, backends: Sequence[str] | None = None,
     if policy != "heuristic":
         raise NotImplementedError(f"policy {policy!r} needs the benchmark store; only "
                                   f"'heuristic' is implemented for now")
-    from ..runtime import Device
+    from ..runtime.compiled import Device
 
     on_host = Device.parse(device).kind == "cpu"
     backends = check_backends(backends, "cpu" if backends is not None else device)

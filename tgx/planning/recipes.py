@@ -94,9 +94,9 @@ def plan_from_payload(payload: bytes, source_graph, *, policy: str = "fastest",
     import msgpack
 
     from ..compiler import Plan
-    from ..interpreters.lower import lower
-    from ..interpreters.rebackend import BackendGraph, rebackend
-    from ..lowerings.registry import kernels_for
+    from ..lowering.lower import lower
+    from ..lowering.rebackend import BackendGraph, rebackend
+    from ..backends.registry import kernels_for
     from ..serialize import SerializationError, graph_from_bytes
     from .candidates import accepted_kernels
 
@@ -197,7 +197,7 @@ def measure_plans(graph, plans: Mapping, store, dims: Mapping, *, budget_s: floa
     import numpy as np
 
     from ..graph import structural_hash
-    from ..interpreters.evaluate import eval_graph_flat
+    from ..transforms.evaluate import eval_graph_flat
     from ..profiling import measure
     from ..profiling.pending import random_inputs
     from ..profiling.runner import profile

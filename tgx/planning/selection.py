@@ -152,7 +152,7 @@ class _Selector:
         return out
 
     def _sub_graph(self, eqn):
-        from ..interpreters.decompose import decomposition_graph
+        from ..transforms.decompose import decomposition_graph
 
         key = _eqn_key(eqn)
         if key not in self._subs:
@@ -428,7 +428,7 @@ def select_brute_force(graph: Graph, backends, cost_model: CostModel, dims: dict
 def realize(selection: Selection) -> tuple[Graph, list[str], list, list[Estimate]]:
     """The graph with chosen decompositions expanded, and per equation its backend, kernel
     and estimate."""
-    from ..interpreters.rewrite import eval_into, rebind, transform_graph
+    from ..transforms.rewrite import eval_into, rebind, transform_graph
 
     table: dict[int, Choice] = {}
 

@@ -20,13 +20,13 @@ def _fused_shape(*avals, graph: Graph, name: str = "fused"):
 
 @fused_p.def_impl
 def _fused_impl(*xs, graph: Graph, name: str = "fused"):
-    from ..interpreters.evaluate import eval_graph_flat
+    from ..transforms.evaluate import eval_graph_flat
 
     return eval_graph_flat(graph, list(xs))
 
 
 @fused_p.def_decomposition
 def _fused_decomp(*xs, graph: Graph, name: str = "fused"):
-    from ..interpreters.rewrite import eval_into
+    from ..transforms.rewrite import eval_into
 
     return eval_into(graph, list(xs))

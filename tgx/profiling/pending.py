@@ -101,7 +101,7 @@ def decode_param(v: Any) -> Any:
 def describe_equation(eqn: Any, dims: dict) -> dict:
     """{"primitive", "params", "inputs"} of `eqn` at the concrete binding `dims`."""
     from tgx.core import Literal
-    from tgx.interpreters.evaluate import concretize
+    from tgx.transforms.evaluate import concretize
     from tgx.planning.cost_model import _binding, _shape
 
     env = _binding(dims)
@@ -119,11 +119,11 @@ def describe_equation(eqn: Any, dims: dict) -> dict:
 
 def equation_from(desc: dict) -> Any:
     """The one-equation graph's equation rebuilt from `describe_equation`'s data."""
-    from tgx.core import Literal, _primitive_by_name
+    from tgx.core import Literal, primitive_by_name
     from tgx.shapes import DTYPES, ShapedArray
     from tgx.tracing import GraphBuilder
 
-    prim = _primitive_by_name(desc["primitive"])
+    prim = primitive_by_name(desc["primitive"])
     params = {k: decode_param(v) for k, v in desc["params"].items()}
     with GraphBuilder() as b:
         ins = []
@@ -160,10 +160,10 @@ def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0) -> dict:
     import functools
 
     from tgx.core import Literal
-    from tgx.interpreters.evaluate import concretize
-    from tgx.lowerings.transfers import CONVERTERS
+    from tgx.transforms.evaluate import concretize
+    from tgx.backends.transfers import CONVERTERS
     from tgx.planning.cost_model import _binding, _shape
-    from tgx.runtime import kernel_callable
+    from tgx.runtime.compiled import kernel_callable
 
     env = _binding(dims)
     syms = _symbol_binding(eqn, env)
@@ -180,7 +180,7 @@ def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0) -> dict:
         if kernel.backend == "torch":
             import torch
 
-            from tgx.lowerings.transfers import torch_dtype
+            from tgx.backends.transfers import torch_dtype
 
             out = torch.empty(shape, dtype=torch_dtype(out_aval.dtype))
         else:
@@ -244,7 +244,7 @@ def flagged_jobs(store: Any, env_id: str) -> tuple[list[dict], list[str]]:
     """`profile_many` jobs for the store's pending flags on `env_id` (written by the
     "fastest" policy) and the flag keys they cover. A flag whose kernel is gone or changed
     (source hash) is covered without a job: it is stale."""
-    from tgx.lowerings.registry import kernels_for
+    from tgx.backends.registry import kernels_for
     from tgx.store.schema import implementation_key
 
     jobs, keys = [], []

@@ -31,7 +31,7 @@ def inplace_fn(name: str, backend: str):
     """The backend's in-place update function for primitive `name`, or None."""
     if backend not in INPLACE_BACKENDS:
         return None
-    from ..lowerings import load_backend
+    from ..backends import load_backend
 
     return getattr(load_backend(backend), "INPLACE", {}).get(name)
 

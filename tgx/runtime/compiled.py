@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import BindingError, DTypeError, KernelError
-from .shapes import ShapedArray, eval_dim, shape_str
+from ..errors import BindingError, DTypeError, KernelError
+from ..shapes import ShapedArray, eval_dim, shape_str
 
 ALIGNMENT = 64
 # Bindings kept specialized at once (each owns a workspace sized for its dims).
@@ -136,7 +136,7 @@ def workspace_view(ws: np.ndarray, offset: int, shape: tuple, dtype: np.dtype,
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     view = ws[offset:offset + n].view(dtype).reshape(shape)
     if backend == "torch":
-        from .lowerings.transfers import to_torch
+        from ..backends.transfers import to_torch
 
         return to_torch(view)
     return view
@@ -226,7 +226,7 @@ class CompiledGraph:
         mutation of a bound array is not detected (NumPy arrays carry no version counter
         that could be checked cheaply): treat weights as immutable and pass new arrays.
         """
-        from .lowerings.transfers import CONVERTERS
+        from ..backends.transfers import CONVERTERS
 
         src = tuple(args[i] for i in self.weight_args)
         old = dict(zip(self.weight_args, self._bound_src))
@@ -258,7 +258,7 @@ class CompiledGraph:
 
     def _key(self, args) -> tuple:
         if self._sources is None:
-            from .interpreters.evaluate import bind_dims
+            from ..transforms.evaluate import bind_dims
 
             env = bind_dims(self.in_avals, args, self.in_names)
             return tuple(env[s] for s in self.symbols)
@@ -288,7 +288,7 @@ class CompiledGraph:
         workspace = {}
         if self.memory is not None:
             if self.memory_budget is not None:
-                from .compiler import check_budget
+                from ..compiler import check_budget
 
                 check_budget(self.memory, self.memory_budget, names)
             if self.workspace:
@@ -351,7 +351,7 @@ class CompiledGraph:
         return objs
 
     def _state_tensor_ok(self, x, a: int) -> bool:
-        from .lowerings.transfers import _is_torch
+        from ..backends.transfers import _is_torch
 
         if not _is_torch(x):
             return False
@@ -370,7 +370,7 @@ class CompiledGraph:
             outs[j] = _snapshot(outs[j])
         for (a, o, copy), obj in zip(self.state, objs):
             if copy:
-                from .lowerings.transfers import to_numpy
+                from ..backends.transfers import to_numpy
 
                 dst, src = args[a], outs[o]
                 if src is not dst:
@@ -439,7 +439,7 @@ def _snapshot(x):
 
 
 def _coerce(x, aval: ShapedArray):
-    from .lowerings.transfers import to_numpy
+    from ..backends.transfers import to_numpy
 
     if isinstance(x, (bool, int, float)):
         return np.asarray(x, dtype=aval.dtype)

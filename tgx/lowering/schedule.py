@@ -12,7 +12,7 @@ convex by construction: no value leaves the region and comes back. Two independe
 components that become ready together share one call, which is cheaper still.
 
 >>> import tgx, tgx.numpy as tnp
->>> from tgx.interpreters.rebackend import rebackend
+>>> from tgx.lowering.rebackend import rebackend
 >>> g = tgx.make_graph(lambda x: (tnp.exp(x) + 1.0, tnp.sin(x) * 2.0))(tgx.Spec((4,)))
 >>> bg = rebackend(g, ["jax", "numpy", "jax", "numpy"])
 >>> [e.primitive.name for e in bg.eqns if e.primitive.name != "copy_to"]

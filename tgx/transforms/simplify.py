@@ -31,7 +31,7 @@ import numpy as np
 
 from ..core import Eqn, Graph, Literal, Var
 from ..errors import TgxError
-from ..pretty import pp_eqn
+from ..core import pp_eqn
 from ..shapes import is_concrete_shape, math_prod, shapes_equal
 from ..tracing import GraphBuilder, Tracer
 from .rewrite import rebind

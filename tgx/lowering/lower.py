@@ -7,7 +7,7 @@ Steps, each a plain function:
    (`schedule.region_order`).
 2. slots: every value gets an index in one flat list; literals and constants are converted
    to their consumer's backend once, at lowering.
-3. `buffer_requests` → `tgx.planning.memory.plan_memory`: liveness over the schedule; values
+3. `buffer_requests` → `tgx.runtime.memory.plan_memory`: liveness over the schedule; values
    written by `out=` kernels on the CPU go into one 64-byte aligned workspace (in place of an
    elementwise input that dies there); other values are owned by their library (XLA, torch,
    NumPy allocations) and accounted on a pseudo-device `<device>/owned`. On a GPU `device`
@@ -16,7 +16,7 @@ Steps, each a plain function:
 4. weights (`weights=`: argument indices): their `copy_to`s are not instructions; the runtime
    converts each weight to every backend that needs it once per bound array object
    (`CompiledGraph.bind_weights`), and the buffer plan accounts them as *persistent*.
-5. state (`state=`: (input, output) index pairs): `tgx.interpreters.state.plan_state` decides
+5. state (`state=`: (input, output) index pairs): `tgx.lowering.state.plan_state` decides
    which `dynamic_update_slice`s write their window straight into the caller's state buffer
    (NumPy / torch, an in-place instruction) and orders the schedule so that every reader of
    the old value runs first; other state outputs are copied into the caller's array once at
@@ -31,11 +31,11 @@ import numpy as np
 import sympy
 
 from ..core import Graph, Literal, Var
-from ..planning.memory import BufferRequest, plan_memory
-from ..runtime import CompiledGraph, Instruction, kernel_callable
+from ..runtime.memory import BufferRequest, plan_memory
+from ..runtime.compiled import CompiledGraph, Instruction, kernel_callable
 from ..shapes import eval_dim, free_symbols, shapes_equal
 from ..tracing import leaf_names
-from .evaluate import concretize
+from ..transforms.evaluate import concretize
 from .rebackend import graph_backends
 from .state import inplace_fn, plan_state
 
@@ -54,7 +54,7 @@ def _backend_device(backend: str, device: str) -> str:
 
 
 def _to_backend(value, backend: str, device: str = HOST):
-    from ..lowerings.transfers import CONVERTERS
+    from ..backends.transfers import CONVERTERS
 
     return CONVERTERS[backend](value, device=_backend_device(backend, device))
 
@@ -80,7 +80,7 @@ def _single(eqn, kernel, backend, device: str = HOST):
 
 def _moved(fn, backend, device):
     """`fn` with its (single) result converted to `backend` on `device`."""
-    from ..lowerings.transfers import CONVERTERS
+    from ..backends.transfers import CONVERTERS
 
     conv = CONVERTERS[backend]
 
@@ -101,7 +101,7 @@ def _fresh_out(fn, params, aval, dims, backend):
     if backend == "torch":
         import torch
 
-        from ..lowerings.transfers import torch_dtype
+        from ..backends.transfers import torch_dtype
 
         tdt = torch_dtype(aval.dtype)
 
@@ -163,7 +163,7 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
     `rebackend`); literals and constants are converted there. On a GPU device their values
     are library-owned, never in the CPU workspace. This function does not check that the
     device exists (`tgx.compile` / `plan_graph` do)."""
-    from ..runtime import Device
+    from ..runtime.compiled import Device
 
     device = str(Device.parse(device))
     backends = graph_backends(graph)
@@ -218,7 +218,7 @@ def lower(graph: Graph, kernels: Sequence, *, in_names: Sequence[str] | None = N
             return False
         src = e.invars[0].id
         if src in const_value:
-            from ..lowerings.transfers import CONVERTERS
+            from ..backends.transfers import CONVERTERS
 
             dev = e.params.get("device", HOST)
             consts[slot_of(e.outvars[0])] = CONVERTERS[e.params["backend"]](

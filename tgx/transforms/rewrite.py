@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..core import Eqn, Graph, Literal
+from ..core import Eqn, Graph, Literal, find_top_trace
 from ..tracing import GraphBuilder
 
 Rule = Callable[[Eqn, list], "list | None"]
@@ -24,9 +24,7 @@ def rebind(eqn: Eqn, ins: list) -> list:
 def eval_into(graph: Graph, args: list, rule: Rule | None = None,
               consts: list | None = None) -> list:
     """Run `graph` inside the *current* builder on `args` (tracers), applying `rule`."""
-    from ..tracing import _BUILDERS
-
-    builder = _BUILDERS[-1]
+    builder = find_top_trace(args)
     env: dict[int, object] = {}
     for v, c in zip(graph.constvars, consts if consts is not None else graph.consts):
         env[v.id] = c

@@ -9,7 +9,7 @@ RMSNorm over the last axis, `x * (1 / sqrt(mean(x²) + eps)) * w` (the form `rms
 decomposes into) and `x / sqrt(mean(x*x) + eps) * w` (the common hand-written form), for
 inputs of rank 2 and 3, on NumPy and PyTorch.
 
->>> from tgx.lowerings.registry import kernels_for
+>>> from tgx.backends.registry import kernels_for
 >>> sorted({k.backend for k in kernels_for("rms_norm_pattern", "numpy")})
 ['numpy']
 """

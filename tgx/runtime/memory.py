@@ -517,7 +517,7 @@ class _SizeTable:
 
 def _compile(src: str) -> Callable:
     env: dict[str, Any] = {}
-    exec(compile(src, "<tgx.planning.memory>", "exec"), env)  # noqa: S102 - generated source
+    exec(compile(src, "<tgx.runtime.memory>", "exec"), env)  # noqa: S102 - generated source
     return env["_f"]
 
 

@@ -1,10 +1,10 @@
 """Backends: kernel libraries over an array format (`numpy`, `torch`, `jax`).
 
 Each backend lives in its own module, which imports its library (lazily: `import tgx` never
-imports torch or jax) and registers its kernels in `tgx.lowerings.registry`. A backend whose
+imports torch or jax) and registers its kernels in `tgx.backends.registry`. A backend whose
 library is not installed reports itself unavailable, with the reason.
 
->>> from tgx.lowerings import backend_available, available_backends
+>>> from tgx.backends import backend_available, available_backends
 >>> backend_available("numpy")
 True
 >>> "numpy" in available_backends()
@@ -20,9 +20,9 @@ from ..errors import KernelError
 
 # name -> (library that must import, module registering the kernels)
 BACKENDS: dict[str, tuple[str, str]] = {
-    "numpy": ("numpy", "tgx.lowerings.numpy_backend"),
-    "torch": ("torch", "tgx.lowerings.torch_backend"),
-    "jax": ("jax", "tgx.lowerings.jax_backend"),
+    "numpy": ("numpy", "tgx.backends.numpy_backend"),
+    "torch": ("torch", "tgx.backends.torch_backend"),
+    "jax": ("jax", "tgx.backends.jax_backend"),
 }
 
 _LOADED: dict[str, object] = {}

@@ -5,7 +5,7 @@ values (the reference dtypes of the op table and of Python ints), and without x6
 computes them in 32 bits. This is a process-wide jax setting; it only widens what jax accepts.
 
 A connected region of equations assigned to jax is lowered as one `jax.jit` callable by
-`tgx.interpreters.lower` (XLA fuses it); these per-primitive kernels are its building blocks.
+`tgx.lowering.lower` (XLA fuses it); these per-primitive kernels are its building blocks.
 """
 
 from __future__ import annotations

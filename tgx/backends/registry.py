@@ -6,8 +6,8 @@ device, library version) with a reason string. Lowering modules import primitive
 reverse; composite kernels are registered by primitive *name* and only when that primitive
 exists, so backends do not depend on which composite families are loaded.
 
->>> from tgx.lowerings.registry import kernels_for
->>> import tgx.lowerings.numpy_backend  # registers the NumPy kernels
+>>> from tgx.backends.registry import kernels_for
+>>> import tgx.backends.numpy_backend  # registers the NumPy kernels
 >>> sorted(k.variant for k in kernels_for("exp", "numpy"))
 ['default', 'out']
 """

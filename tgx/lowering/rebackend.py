@@ -42,7 +42,7 @@ class BackendGraph(Graph):
             raise KernelError(f"{len(self.eqns)} equations but {len(self.backends)} backends")
 
     def __str__(self) -> str:
-        from ..pretty import pp_eqn, var_namer
+        from ..core import pp_eqn, var_namer
 
         text = super().__str__().split("\n")
         name = var_namer(self)
@@ -87,7 +87,7 @@ def rebackend(graph: Graph, assign: Mapping[int, str] | Callable[[Eqn], str] | s
     `device`: where the non-NumPy backends run (`"cpu"`, `"cuda:0"`): a `copy_to` to torch or
     jax carries it, a `copy_to` to NumPy always carries `"cpu"` (NumPy is host-only).
     """
-    from ..runtime import Device
+    from ..runtime.compiled import Device
 
     device = str(Device.parse(device))
     names = _normalize(graph, assign, device)

@@ -1,1 +1,0 @@
-"""Interpreters over the IR: evaluation and the graph-to-graph transforms."""

@@ -1,0 +1,1 @@
+"""Lowering: a backend assignment → copies, schedule, flat instructions and the buffer plan."""
