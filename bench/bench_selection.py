@@ -26,14 +26,15 @@ sys.path.insert(0, os.path.dirname(__file__))
 import tgx  # noqa: E402
 import tgx.nn as tnn  # noqa: E402
 from bench_runtime import block, block_params, mlp  # noqa: E402
-from tgx.compiler import Plan  # noqa: E402
-from tgx.lowering.lower import lower  # noqa: E402
-from tgx.lowering.rebackend import rebackend  # noqa: E402
 from tgx.backends import available_backends  # noqa: E402
+from tgx.lowering.lower import lower_assignment  # noqa: E402
+from tgx.planning.assignment import Assignment  # noqa: E402
 from tgx.planning.candidates import accepted_kernels  # noqa: E402
 from tgx.planning.cost_model import CostModel  # noqa: E402
-from tgx.planning.policies import decompose_unsupported  # noqa: E402
-from tgx.planning.recipes import _digest  # noqa: E402
+from tgx.planning.fastest import assignment_cost  # noqa: E402
+from tgx.planning.heuristic import decompose_unsupported  # noqa: E402
+from tgx.planning.options import PlanOptions  # noqa: E402
+from tgx.planning.recipes import assignment_digest  # noqa: E402
 from tgx.profiling import measure  # noqa: E402
 from tgx.store import BenchmarkStore  # noqa: E402
 from tgx.tracing import tree_flatten  # noqa: E402
@@ -64,7 +65,7 @@ def runner(plan, args):
 
 def timed(run, budget, spin_up_s=0.1):
     # each plan timed in its own steady state, not paying for the thread pools of the plan
-    # timed before it (see `measure(warmup_s=)`; as tgx.planning.recipes.measure_plans does)
+    # timed before it (see `measure(warmup_s=)`; as tgx.explore.measure_assignments does)
     return measure(run, budget_s=budget, warmup_s=spin_up_s).median_s
 
 
@@ -89,26 +90,10 @@ def time_plans(plans: dict, args, budget: float, rounds: int, seed: int = 0):
     return med, spread
 
 
-def predicted(plan, cm, dims=None) -> float:
-    """The cost model's figure for an already lowered plan, as selection prices it: kernels +
-    copy_to transfers + switch penalties between consecutive kernels and last → first."""
-    dims = dict(dims or {})
-    g = plan.graph
-    where = {v.id: "numpy" for v in (*g.invars, *g.constvars)}
-    t, seq = 0.0, []
-    for e, b, k in zip(g.eqns, g.backends, plan.kernels):
-        for v in e.outvars:
-            where[v.id] = b
-        if e.primitive.name == "copy_to":
-            a = e.invars[0]
-            t += cm.transfer(a.aval, where.get(getattr(a, "id", None), "numpy"), b,
-                             dims).seconds
-            continue
-        t += cm.kernel(e, k, dims).seconds
-        seq.append(b)
-    if len(seq) > 1:
-        t += sum(cm.switch(a, b) for a, b in zip(seq, seq[1:] + seq[:1]))
-    return t
+def predicted(plan, cm, backends, dims=None) -> float:
+    """The cost model's figure for a plan, as selection prices it: kernels + the copies its
+    assignment implies + switch penalties between consecutive kernels and last → first."""
+    return assignment_cost(plan.assignment, backends, cm, dict(dims or {}))
 
 
 def mixed_plans(graph, backends, n, seed=0):
@@ -117,9 +102,9 @@ def mixed_plans(graph, backends, n, seed=0):
     rnd = random.Random(seed)
     for _ in range(n):
         assign = [rnd.choice(o) for o in options]
-        bg = rebackend(g, assign)
-        kernels = [accepted_kernels(e, b)[0] for e, b in zip(bg.eqns, bg.backends)]
-        yield Plan(graph, bg, kernels, lower(bg, kernels), "mixed")
+        kernels = [accepted_kernels(e, b)[0] for e, b in zip(g.eqns, assign)]
+        yield lower_assignment(Assignment(g, assign, kernels, by="mixed"), PlanOptions(),
+                               source_graph=graph)
 
 
 def main(argv=None):
@@ -149,7 +134,7 @@ def main(argv=None):
         # FASTEST's own): keep the first of each, FASTEST's included
         seen, twin = {}, {}
         for k, p in list(plans.items()):
-            d = _digest(p, ())
+            d = assignment_digest(p.assignment, PlanOptions())
             if d in seen:
                 twin[k] = seen[d]
                 del plans[k]
@@ -163,7 +148,7 @@ def main(argv=None):
         for k, v in twin.items():  # for the table: a twin has its original's figures
             times[k], spread[k] = times[v], spread[v]
         cm = CostModel(store=store)
-        preds = {k: predicted(p, cm, fast.dims) for k, p in plans.items()}
+        preds = {k: predicted(p, cm, backends, fast.dims) for k, p in plans.items()}
         mixed = [t for k, t in times.items() if k.startswith("mixed")] or [float("nan")]
         rows.append((name, len(store.traces()), explore_s, fast.predicted_s, times, spread,
                      min(mixed), best_k, preds))

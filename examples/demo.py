@@ -26,9 +26,12 @@ import gemma3 as G  # noqa: E402
 
 import tgx  # noqa: E402
 from tgx.io import flatten_names, unflatten_names  # noqa: E402
+from tgx.explore import (  # noqa: E402
+    candidate_assignments, explore_kernels, measure_assignments, unmeasured,
+)
+from tgx.pipeline import transform  # noqa: E402
 from tgx.planning.cost_model import CostModel  # noqa: E402
-from tgx.planning.policies import explore, unmeasured  # noqa: E402
-from tgx.planning.recipes import candidate_plans, measure_plans  # noqa: E402
+from tgx.planning.options import PlanOptions  # noqa: E402
 from tgx.store import environment_id, sniff_environment  # noqa: E402
 
 BACKENDS = ["numpy", "torch", "jax"]
@@ -117,6 +120,7 @@ def main(argv=None) -> None:
               f"transfers; figures: {', '.join(f'{n} {s}' for s, n in src.items())}")
 
     section("Profiling")
+    graph = transform(graph)  # the graph tgx.compile plans (simplified); plans are keyed by it
     cm = CostModel(store)
     todo = unmeasured(graph, BACKENDS, store, cm, dims)
     if not todo:
@@ -125,15 +129,16 @@ def main(argv=None) -> None:
         print(f"{len(todo)} candidate kernels (incl. inside decompositions) are unmeasured at "
               f"S={s0}; profiling for at most {args.budget:.0f} s")
         t = time.perf_counter()
-        n = explore(graph, BACKENDS, store, cm, dims, budget_s=0.02,
-                    time_limit_s=args.budget, progress=None)
+        n = explore_kernels(graph, BACKENDS, store, cm, dims, budget_s=0.02,
+                            time_limit_s=args.budget, progress=None)
         left = len(todo) - n
         print(f"recorded {n} traces in {time.perf_counter() - t:.1f} s"
               + (f"; {left} left for the next run" if left else ""))
     t = time.perf_counter()
-    weights = tuple(range(len(graph.invars) - 1))  # every input but the tokens is a weight
-    shortlist = candidate_plans(graph, BACKENDS, CostModel(store), dims, weights=weights)
-    n = measure_plans(graph, shortlist, store, dims, budget_s=0.3, weights=weights)
+    # every input but the tokens is a weight, bound once (as tgx.compile(weights=) does)
+    opts = PlanOptions(weights=tuple(range(len(graph.invars) - 1)))
+    shortlist = candidate_assignments(graph, BACKENDS, CostModel(store), dims, opts)
+    n = measure_assignments(graph, shortlist, store, dims, opts, budget_s=0.3)
     if n:
         print(f"measured {n} whole plans as a whole (each backend alone, the heuristic plan, "
               f"the best predicted mix of each set of backends: {', '.join(shortlist)}) in "

@@ -10,6 +10,7 @@ on the fastest measured kernels.
 import importlib
 
 from . import primitives  # noqa: F401  (registers every primitive)
+from . import numpy  # noqa: F401  (installs the operators of traced arrays)
 from .core import Eqn, Graph, Literal, Primitive, SourceInfo, Var, check_graph
 from .errors import (
     BindingError, DTypeError, GraphCheckError, KernelError, OutOfMemory, ShapeError,
@@ -36,14 +37,19 @@ _LAZY = {
     "fuse": "tgx.transforms.fuse",
     "unroll": "tgx.transforms.unroll",
     "rebackend": "tgx.lowering.rebackend",
-    "compile": "tgx.compiler",   # a module named `compile` would shadow the function
-    "Plan": "tgx.compiler",
+    "compile": "tgx.jit",   # a module named `compile` would shadow the function
+    "Plan": "tgx.plan",
+    "PlanOptions": "tgx.planning.options",
+    "Assignment": "tgx.planning.assignment",
+    "plan_graph": "tgx.pipeline",
     "candidates": "tgx.planning.candidates",
-    "Device": "tgx.runtime.compiled",
+    "Device": "tgx.devices",
     "CompiledGraph": "tgx.runtime.compiled",
+    "Backend": "tgx.backends",
+    "register_backend": "tgx.backends",
     "BenchmarkStore": "tgx.store",
     "profile": "tgx.profiling",
-    "paths": "tgx.planning.paths",
+    "paths": "tgx.explore",
 }
 
 

@@ -19,14 +19,17 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from tgx.profiling import format_seconds, profile_many, summarize
+from tgx.profiling.pending import flagged_jobs, pending_jobs
+from tgx.profiling.runner import _env_id, _load_script
+from tgx.store import BenchmarkStore, default_store_path, format_environment, sniff_environment
+
 
 class CliError(Exception):
     """A failure reported as one line on stderr, exit status 1."""
 
 
 def _open_store(path: str | None, *, create: bool = False) -> Any:
-    from tgx.store import BenchmarkStore, default_store_path
-
     target = os.path.abspath(path or default_store_path())
     if not create and not os.path.exists(target):
         raise CliError(f"no benchmark store at {target} (give --store PATH or set $TGX_STORE)")
@@ -34,8 +37,6 @@ def _open_store(path: str | None, *, create: bool = False) -> Any:
 
 
 def _cmd_env(args: argparse.Namespace) -> int:
-    from tgx.store import format_environment, sniff_environment
-
     print(format_environment(sniff_environment()))
     return 0
 
@@ -55,9 +56,6 @@ def _cmd_stats(args: argparse.Namespace) -> int:
 
 
 def _cmd_best(args: argparse.Namespace) -> int:
-    from tgx.profiling import format_seconds
-    from tgx.store import sniff_environment
-
     env_id = args.env or sniff_environment()["id"]
     with _open_store(args.store) as st:
         keys = ([args.workload] if args.workload else
@@ -85,8 +83,6 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _jobs_from_script(path: str) -> list:
-    from tgx.profiling.runner import _load_script
-
     if not os.path.isfile(path):
         raise CliError(f"no such script: {path}")
     module = _load_script(path)
@@ -100,16 +96,11 @@ def _jobs_from_script(path: str) -> list:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    from tgx.profiling import profile_many, summarize
-
     if args.pending == bool(args.script):
         raise _Usage("profile needs exactly one of SCRIPT.py or --pending")
     with _open_store(args.store, create=True) as st:
         flags: list[str] = []
         if args.pending:
-            from tgx.profiling.pending import flagged_jobs, pending_jobs
-            from tgx.profiling.runner import _env_id
-
             jobs = pending_jobs(st, _env_id(st))
             flagged, flags = flagged_jobs(st, _env_id(st))
             jobs += flagged

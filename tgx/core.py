@@ -208,6 +208,9 @@ class Primitive:
     - `impl(*numpy_arrays, **params) -> array | list[array]`: the NumPy reference
     - `decomposition(*tracers, **params)`: a traceable function in lower-level primitives
       (None for atomic primitives)
+    - traits the planner reads: `is_view` (the result can be a view of an input: moves no
+      bytes), `flops(in_shapes, out_shapes, **params) -> float` on concrete shapes (arithmetic
+      work, for the cost model's roofline; None: negligible next to the bytes moved)
 
     >>> p = Primitive("my_double_example")
     >>> _ = p.def_shape(lambda x: x)
@@ -217,7 +220,8 @@ class Primitive:
     """
 
     def __init__(self, name: str, *, multiple_results: bool = False, commutative: bool = False,
-                 elementwise: bool = False, family: str = "", atomic: bool = True):
+                 elementwise: bool = False, family: str = "", atomic: bool = True,
+                 is_view: bool = False):
         if name in PRIMITIVES:
             raise TgxError(f"primitive {name!r} is declared twice")
         self.name = name
@@ -226,6 +230,8 @@ class Primitive:
         self.elementwise = elementwise
         self.family = family
         self.atomic = atomic
+        self.is_view = is_view
+        self.flops: Callable | None = None
         self.shape_rule: Callable | None = None
         self.impl: Callable | None = None
         self.decomposition: Callable | None = None
@@ -244,6 +250,11 @@ class Primitive:
     def def_shape(self, f: Callable) -> Callable:
         _only_once(self, "shape_rule")
         self.shape_rule = f
+        return f
+
+    def def_flops(self, f: Callable) -> Callable:
+        _only_once(self, "flops")
+        self.flops = f
         return f
 
     def def_impl(self, f: Callable) -> Callable:
@@ -289,6 +300,51 @@ def primitive_by_name(name: str) -> Primitive:
 def _only_once(p: Primitive, what: str) -> None:
     if getattr(p, what) is not None:
         raise TgxError(f"primitive {p.name!r} already has a {what.replace('_', ' ')}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The evaluation loop (JAX's `eval_jaxpr`)
+
+
+def eval_graph_loop(graph: Graph, args: Sequence, consts: Sequence | None = None) -> list:
+    """Run `graph` on `args` by binding each equation's primitive on the current values:
+    eagerly on NumPy when no trace is active, staged into the current trace otherwise (so a
+    body graph can be inlined, as `fused` does). `consts` replace `graph.consts`.
+
+    >>> import tgx, tgx.numpy as tnp
+    >>> g = tgx.make_graph(lambda x: tnp.exp(x) + 1.0)(tgx.Spec((2,), "float32"))
+    >>> eval_graph_loop(g, [np.zeros(2, np.float32)])
+    [array([2., 2.], dtype=float32)]
+    """
+    trace = find_top_trace(args)
+    env: dict[int, Any] = {}
+
+    def read(a):
+        if isinstance(a, Literal):  # a trace takes it as it is (weak type kept)
+            return a if trace is not None else np.asarray(a.val, dtype=a.aval.dtype)
+        return env[a.id]
+
+    for v, c in zip(graph.constvars, graph.consts if consts is None else consts):
+        env[v.id] = c
+    for v, x in zip(graph.invars, args):
+        env[v.id] = x
+    # A trace that records source lines (the graph builder) gives each staged equation the
+    # user's line of the equation it copies.
+    keeps_lines = hasattr(trace, "source_override")
+    for eqn in graph.eqns:
+        ins = [read(a) for a in eqn.invars]
+        if keeps_lines:
+            saved = trace.source_override
+            trace.source_override = eqn.source_info or saved
+        try:
+            outs = eqn.primitive.bind(*ins, **eqn.params)
+        finally:
+            if keeps_lines:
+                trace.source_override = saved
+        outs = outs if eqn.primitive.multiple_results else [outs]
+        for v, o in zip(eqn.outvars, outs):
+            env[v.id] = o
+    return [read(v) for v in graph.outvars]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -41,6 +41,10 @@ class KernelError(TgxError):
     """No kernel can run an equation, or a kernel failed while running."""
 
 
+class OptionError(TgxError, ValueError):
+    """An option tgx does not know (a policy, a device, an argument name), with the choices."""
+
+
 class OutOfMemory(TgxError, MemoryError):
     """A plan needs more memory on a device than the budget allows."""
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from .backends import get_backend
+
 
 def flatten_names(tree: Any, prefix: str = "") -> dict[str, Any]:
     """`{"layers": [{"w": a}]}` → `{"layers.0.w": a}`.
@@ -68,20 +70,10 @@ def save_weights(path: str | os.PathLike, params: Any) -> None:
 
 def load_weights(path: str | os.PathLike, *, backend: str = "numpy",
                  device: str = "cpu") -> Any:
-    """Load a safetensors file into a params tree, straight onto `backend` ("numpy", "torch",
-    "jax") and `device` (torch: "cpu", "cuda:0")."""
-    path = os.fspath(path)
-    if backend == "torch":
-        from safetensors.torch import load_file as load_torch
-
-        return unflatten_names(load_torch(path, device=device))
+    """Load a safetensors file into a params tree, converted to `backend`'s arrays on
+    `device` (any registered backend: "numpy", "torch", "jax" …; "cuda:0" for a GPU)."""
     from safetensors.numpy import load_file
 
-    flat = load_file(path)
-    if backend == "jax":
-        import jax.numpy as jnp
-
-        flat = {k: jnp.asarray(v) for k, v in flat.items()}
-    elif backend != "numpy":
-        raise ValueError(f"unknown backend {backend!r}; expected 'numpy', 'torch' or 'jax'")
-    return unflatten_names(flat)
+    b = get_backend(backend)
+    flat = load_file(os.fspath(path))
+    return unflatten_names({k: b.convert(v, device) for k, v in flat.items()})

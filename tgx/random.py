@@ -17,8 +17,10 @@ import numpy as np
 
 from . import numpy as tnp
 from .primitives.math import erfinv_p
+from .primitives.ops import _aval
 from .primitives.random import threefry2x32_p
 from .shapes import as_dim, as_dtype, finfo, float32, float64, is_float, uint32
+from .tracing import Tracer
 
 __all__ = ["key", "PRNGKey", "split", "fold_in", "bits", "uniform", "normal", "bernoulli",
            "categorical", "truncated_normal", "gumbel", "threefry_2x32"]
@@ -39,13 +41,13 @@ PRNGKey = key
 
 def threefry_2x32(k0, k1, x0, x1):
     """Threefry-2x32 of counters (x0, x1) under key (k0, k1); all uint32, broadcasting."""
-    args = [tnp.asarray(a, uint32) if not isinstance(a, tnp.Tracer) else a
+    args = [tnp.asarray(a, uint32) if not isinstance(a, Tracer) else a
             for a in (k0, k1, x0, x1)]
     return threefry2x32_p.bind(*args)
 
 
 def _key_words(k):
-    a = tnp._aval(k)
+    a = _aval(k)
     if a.dtype != uint32 or tuple(a.shape) != (2,):
         raise TypeError(f"a key must be a uint32[2] array (tgx.random.key), got {a.str_short()}")
     return tnp.index_axis(k, 0, 0), tnp.index_axis(k, 0, 1)
@@ -163,7 +165,7 @@ def categorical(key, logits, axis: int = -1, shape=None):
     (the Gumbel-max trick); `shape` (default: logits' shape without `axis`) must end with
     the batch shape of `logits`."""
     logits = tnp.moveaxis(tnp.asarray(logits), axis, -1)
-    a = tnp._aval(logits)
+    a = _aval(logits)
     batch = tuple(a.shape[:-1])
     shape = batch if shape is None else _norm_shape(shape)
     noise = gumbel(key, shape + (a.shape[-1],), a.dtype if is_float(a.dtype) else float32)

@@ -5,9 +5,7 @@ symbolic dims as strings, nested graphs such as `fused`'s body), avals, literals
 constants as raw bytes + dtype + shape. A round trip preserves `structural_hash` and
 evaluation; variable names (hints) and source lines come along too.
 
-`plan_to_bytes(plan)` / `plan_from_bytes(b)`: a `tgx.planning.paths.PathPlan` as its graph
-plus its choices (kernel name, backend, variant and source hash); loading fails with a clear
-`SerializationError` when a kernel is gone or its source changed since the plan was saved.
+Plans are stored as their `Assignment` (`tgx.planning.assignment`), which uses these.
 
 >>> import numpy as np, tgx, tgx.numpy as tnp
 >>> g = tgx.make_graph(lambda x: tnp.exp(x) * 2.0)(tgx.Spec(("N", 3)))
@@ -18,6 +16,7 @@ True
 
 from __future__ import annotations
 
+import builtins
 import importlib
 import re
 from typing import Any
@@ -29,6 +28,7 @@ import sympy
 from .core import PRIMITIVES, Eqn, Graph, Literal, Params, SourceInfo, Var
 from .errors import TgxError
 from .shapes import ShapedArray, as_dtype, sym
+from .tracing import _LEAF, _REGISTRY, TreeDef
 
 FORMAT = 1
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
@@ -137,8 +137,6 @@ def _value_in(x: Any) -> Any:
     if t == "graph":
         return _graph_in(x["v"])
     if t == "type":
-        import builtins
-
         return getattr(builtins, x["v"])
     if t == "fn":
         mod, _, qual = x["v"].partition(":")
@@ -170,8 +168,6 @@ class _Unsupported(Exception):
 
 
 def _tree_in(x) -> Any:
-    from .tracing import _LEAF, _REGISTRY, TreeDef
-
     if x is None:
         return None
     if x["k"] == "leaf":
@@ -268,25 +264,3 @@ def graph_to_bytes(graph: Graph) -> bytes:
 def graph_from_bytes(b: bytes) -> Graph:
     """The graph written by `graph_to_bytes`."""
     return _graph_in(_unpack(b, "graph")["graph"])
-
-
-# ---------------------------------------------------------------------------------------------
-# plans
-
-
-def plan_to_bytes(plan) -> bytes:
-    """A `PathPlan` as msgpack bytes: its graph, filters and decisions (see `PathPlan.tokens`)."""
-    return _pack({"kind": "plan", "format": FORMAT, "graph": _graph_out(plan.paths.graph),
-                  "backends": list(plan.paths.backends), "dims": dict(plan.paths.dims),
-                  "decisions": plan.tokens()})
-
-
-def plan_from_bytes(b: bytes, *, store=None, cost_model=None):
-    """The `PathPlan` written by `plan_to_bytes`; `SerializationError` when a kernel it names
-    is missing or its source hash changed."""
-    from .planning.paths import Paths
-
-    d = _unpack(b, "plan")
-    paths = Paths(_graph_in(d["graph"]), backends=d["backends"], store=store,
-                  dims=d["dims"], cost_model=cost_model)
-    return paths.plan_from_tokens(d["decisions"])

@@ -168,11 +168,47 @@ def free_symbols(shape: Shape) -> set:
     return out
 
 
+#: the value a symbolic dim takes where a concrete one is needed and none is given (planning
+#: without a binding, printing estimates): one home for "64", used by every planner
+HINT = 64
+
+
+def hint_binding(avals) -> dict[str, int]:
+    """{name: HINT} for every symbol in the shapes of `avals`, sorted by name.
+
+    >>> hint_binding([ShapedArray((sym("N"), 3), float32)])
+    {'N': 64}
+    """
+    syms = set().union(*[free_symbols(a.shape) for a in avals]) if avals else set()
+    return {s.name: HINT for s in sorted(syms, key=lambda s: s.name)}
+
+
 def eval_dim(d: Dim, env: dict) -> int:
     """A dim's value under a binding {symbol: int}."""
     if type(d) is int:
         return d
     return int(d.xreplace(env))
+
+
+def concrete_shape(shape: Shape, dims) -> tuple[int, ...]:
+    """`shape` at the binding `dims` ({name or Symbol: int}); a symbol it does not bind is a
+    `SymbolicShapeError` naming it.
+
+    >>> concrete_shape((sym("N"), 3), {"N": 5})
+    (5, 3)
+    """
+    names = {str(k): int(v) for k, v in (dims or {}).items()}
+    out = []
+    for d in shape:
+        if type(d) is int:
+            out.append(d)
+            continue
+        missing = [s.name for s in d.free_symbols if s.name not in names]
+        if missing:
+            raise SymbolicShapeError(f"no value for {', '.join(sorted(missing))} in "
+                                     f"{dim_str(d)} (binding {names})")
+        out.append(int(d.xreplace({s: names[s.name] for s in d.free_symbols})))
+    return tuple(out)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,8 +7,7 @@ import pytest
 
 import tgx
 import tgx.numpy as tnp
-from tgx.backends import backend_available
-from tgx.backends.transfers import CONVERTERS, to_numpy
+from tgx.backends import backend_available, get_backend, to_host
 from tgx.primitives.transfer import copy_to
 from tgx.shapes import DTYPES
 
@@ -34,9 +33,9 @@ def test_round_trip_exact(src, dst, dtype, rng):
     if "torch" in (src, dst) and dtype == np.uint32:
         pytest.skip("torch has few uint32 kernels; tgx never sends uint32 to torch")
     x = _sample(np.dtype(dtype), rng)
-    a = CONVERTERS[src](x)
-    b = CONVERTERS[dst](a)
-    back = to_numpy(CONVERTERS[src](b))
+    a = get_backend(src).convert(x)
+    b = get_backend(dst).convert(a)
+    back = to_host(get_backend(src).convert(b))
     assert back.dtype == x.dtype
     np.testing.assert_array_equal(back.view(np.uint8), x.view(np.uint8))
 
@@ -44,10 +43,10 @@ def test_round_trip_exact(src, dst, dtype, rng):
 def test_numpy_torch_is_zero_copy():
     pytest.importorskip("torch")
     x = np.arange(6, dtype=np.float32)
-    t = CONVERTERS["torch"](x)
+    t = get_backend("torch").convert(x)
     t[0] = 42.0
     assert x[0] == 42.0
-    assert np.shares_memory(to_numpy(t), x)
+    assert np.shares_memory(to_host(t), x)
 
 
 def test_copy_to_is_a_primitive_in_the_ir_and_identity():
@@ -72,4 +71,4 @@ def test_cuda_round_trip():
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
     x = np.arange(10, dtype=np.float32)
-    np.testing.assert_array_equal(to_numpy(CONVERTERS["torch"](x, "cuda:0")), x)
+    np.testing.assert_array_equal(to_host(get_backend("torch").convert(x, "cuda:0")), x)

@@ -52,7 +52,7 @@ def test_nearest_binding_in_log_space_scaled_by_bytes(store):
     cm = CostModel(store)
     est = cm.kernel(eqn, k, {"N": 50_000})  # log-closer to 100k than to 1k
     assert est.source == "measured" and w_far in est.detail
-    ovh = cm.backend_costs["numpy"][0]
+    ovh = cm.costs("numpy")[0]
     assert est.seconds == pytest.approx(ovh + (5e-4 - ovh) * 0.5)
 
 
@@ -68,7 +68,7 @@ def test_calibrate_records_overheads(store):
     out = calibrate(store, ["numpy", "torch"], budget_s=0.02)
     assert 0 < out["overhead@numpy"] < 1e-3 and out["switch@torch->numpy"] >= 0
     cm = CostModel(store)
-    assert cm.backend_costs["numpy"][0] == pytest.approx(out["overhead@numpy"])
+    assert cm.costs("numpy")[0] == pytest.approx(out["overhead@numpy"])
     assert cm.switch("torch", "numpy") == pytest.approx(out["switch@torch->numpy"])
 
 
@@ -87,7 +87,7 @@ def test_jax_equations_are_priced_inside_a_region(store):
     g = tgx.make_graph(lambda x: tnp.exp(x))(tgx.Spec(("N",)))
     k = next(k for k in kernels_for("exp", "jax") if k.variant == "default")
     cm = CostModel(store)
-    ovh = cm.backend_costs["jax"][0]
+    ovh = cm.costs("jax")[0]
     plant(store, cm, g.eqns[0], k, 1000, 20e-6)
     cm = CostModel(store)
     assert cm.kernel(g.eqns[0], k, {"N": 1000}).seconds == pytest.approx(20e-6 - ovh)

@@ -7,6 +7,8 @@ import time
 
 import pytest
 import sympy
+
+import tgx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -321,7 +323,7 @@ def test_bad_inputs_are_rejected():
     with pytest.raises(ValueError, match="start"):
         plan_memory([BufferRequest("a", 1, 3, 0)])
     plan = plan_memory(chain(2))
-    with pytest.raises(TypeError, match="missing dim N"):
+    with pytest.raises(tgx.BindingError, match="missing dim N"):
         plan.offsets()
     with pytest.raises(ValueError, match="positive"):
         plan.offsets(N=0)

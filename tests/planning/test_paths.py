@@ -14,9 +14,10 @@ import tgx
 import tgx.nn as tnn
 import tgx.numpy as tnp
 from tgx.planning.cost_model import Estimate
-from tgx.planning.paths import Paths
+from tgx.explore import Paths
+from tgx.planning.assignment import Assignment
 from tgx.primitives.transfer import copy_to
-from tgx.serialize import SerializationError, plan_from_bytes, plan_to_bytes
+from tgx.serialize import SerializationError
 
 S = tgx.Spec
 NT = ["numpy", "torch"]
@@ -215,7 +216,7 @@ def test_plan_save_load_run(tmp_path):
     key = plan.save(store)
     rec = store.get_implementation(key)
     assert rec["kind"] == "GRAPH_RECIPE"
-    back = plan_from_bytes(rec["payload"], cost_model=PlantedCosts())
+    back = ps.plan_from_tokens(Assignment.from_bytes(rec["payload"]).meta["tokens"])
     assert back.tokens() == plan.tokens() and back.cost == pytest.approx(plan.cost)
     x = np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)
     np.testing.assert_allclose(back.run(x), plan.run(x), rtol=1e-6)
@@ -226,16 +227,21 @@ def test_plan_save_load_run(tmp_path):
 
 def test_plan_load_fails_when_kernel_source_changed():
     g = tgx.make_graph(lambda x: tnp.exp(x))(S((3,)))
-    plan = next(iter(Paths(g, backends=["numpy"], cost_model=PlantedCosts())))
-    b = plan_to_bytes(plan)
-    import msgpack
-    d = msgpack.unpackb(b, raw=False, strict_map_key=False)
-    d["decisions"][0]["source_hash"] = "0" * 64
+    ps = Paths(g, backends=["numpy"], cost_model=PlantedCosts())
+    plan = next(iter(ps))
+    tokens = [dict(t) for t in plan.tokens()]
+    tokens[0]["source_hash"] = "0" * 64
     with pytest.raises(SerializationError, match="changed since the plan was saved"):
-        plan_from_bytes(msgpack.packb(d, use_bin_type=True))
-    d["decisions"][0]["backend"] = "nowhere"
+        ps.plan_from_tokens(tokens)
+    tokens[0]["backend"] = "nowhere"
     with pytest.raises(SerializationError, match="not available"):
-        plan_from_bytes(msgpack.packb(d, use_bin_type=True))
+        ps.plan_from_tokens(tokens)
+    # the stored assignment checks its kernels too
+    import msgpack
+    d = msgpack.unpackb(plan.assignment().to_bytes(), raw=False)
+    d["kernels"][0][2] = "0" * 64
+    with pytest.raises(SerializationError, match="changed since the plan was stored"):
+        Assignment.from_bytes(msgpack.packb(d, use_bin_type=True))
 
 
 # -- backend-switch penalties: the same plan cost as selection -----------------------------

@@ -16,7 +16,7 @@ import tgx.nn as tnn
 import tgx.numpy as tnp
 from ..graph import randgraph
 from .test_paths import OPS, PlantedCosts, build
-from tgx.planning.paths import Paths
+from tgx.explore import Paths
 from tgx.primitives.transfer import copy_to
 
 S = tgx.Spec

@@ -8,10 +8,14 @@ import pytest
 
 import tgx
 import tgx.numpy as tnp
-from tgx.compiler import plan_graph
+from tgx import explore
 from tgx.backends import backend_available
+from tgx.lowering.lower import lower_assignment
 from tgx.planning import recipes
+from tgx.planning.assignment import Assignment
 from tgx.planning.cost_model import CostModel
+from tgx.planning.heuristic import heuristic_assignment
+from tgx.planning.options import PlanOptions
 from tgx.serialize import SerializationError
 from tgx.store import BenchmarkStore
 
@@ -31,16 +35,13 @@ def store(tmp_path):
     return BenchmarkStore(tmp_path / "store.json")
 
 
-def plant(store, graph, dims, label, plan, median_s, status="PASSED", weights=()):
-    """Record `plan` as measured at `median_s` without timing it."""
-    ghash, wkey = recipes._graph_keys(graph, dims)
+def plant(store, graph, dims, label, assignment, median_s, status="PASSED",
+          options=PlanOptions()):
+    """Record `assignment` as measured at `median_s` without timing it."""
+    ghash, wkey = recipes.graph_keys(graph, dims)
     inputs = [([dims["N"]], v.aval.dtype.name) for v in graph.invars]
     assert store.add_workload(ghash, dict(dims), inputs) == wkey
-    payload = recipes.plan_payload(plan, label)
-    bs = sorted({b for e, b in zip(plan.graph.eqns, plan.graph.backends)
-                 if e.primitive.name != "copy_to"})
-    impl = store.add_implementation("GRAPH_RECIPE", recipes._name(weights), "+".join(bs),
-                                    recipes._digest(plan, weights), {"label": label}, payload)
+    impl = recipes.record_recipe(store, graph, assignment, dims, options, label)
     store.add_trace(graph_hash=ghash, impl=impl, workload=wkey, env_id=CostModel(store).env_id,
                     status=status, median_s=median_s)
 
@@ -52,28 +53,26 @@ def _backends(plan) -> set:
 
 def test_payload_round_trip_rebuilds_the_same_plan():
     g = tgx.make_graph(f)(tgx.Spec(("N",)))
-    assign = ["numpy", BACKENDS[-1], "numpy", BACKENDS[-1]]
-    from tgx.lowering.lower import lower
-    from tgx.lowering.rebackend import rebackend
+    backends = ("numpy", BACKENDS[-1], "numpy", BACKENDS[-1])
     from tgx.planning.candidates import accepted_kernels
 
-    bg = rebackend(g, assign)
-    ks = [accepted_kernels(e, b)[0] for e, b in zip(bg.eqns, bg.backends)]
-    plan = tgx.compiler.Plan(g, bg, ks, lower(bg, ks), "test")
-    back = recipes.plan_from_payload(recipes.plan_payload(plan), g)
-    assert list(back.graph.backends) == list(bg.backends)
-    assert [repr(k) for k in back.kernels] == [repr(k) for k in ks]
+    a = Assignment(g, backends, [accepted_kernels(e, b)[0] for e, b in zip(g.eqns, backends)])
+    back = Assignment.from_bytes(a.to_bytes("test"))
+    assert back.backends == a.backends and back.kernels == a.kernels
+    plan = lower_assignment(back, PlanOptions())
+    assert [repr(k) for k in plan.kernels] == \
+        [repr(k) for k in lower_assignment(a, PlanOptions()).kernels]
     x = np.linspace(-2, 1, 11).astype(np.float32)
-    np.testing.assert_allclose(back.run(x), ref(x), rtol=1e-6)
+    np.testing.assert_allclose(plan.run(x), ref(x), rtol=1e-6)
     # without the copies back to NumPy when the caller keeps backend arrays
-    keep = recipes.plan_from_payload(recipes.plan_payload(plan), g, return_backend_arrays=True)
+    keep = lower_assignment(back, PlanOptions(return_backend_arrays=True))
     assert keep.graph.eqns[-1].primitive.name != "copy_to" or BACKENDS[-1] == "numpy"
 
 
 def test_fastest_takes_the_fastest_measured_plan(store):
     g = tgx.make_graph(f)(tgx.Spec(("N",)))
-    slow = plan_graph(g, policy="heuristic", backends=["numpy"])
-    fast = plan_graph(g, policy="heuristic", backends=[BACKENDS[-1]])
+    slow = heuristic_assignment(g, ["numpy"])
+    fast = heuristic_assignment(g, [BACKENDS[-1]])
     plant(store, g, {"N": 64}, "slow", slow, 1.0)
     plant(store, g, {"N": 64}, "fast", fast, 1e-6)
     plant(store, g, {"N": 64}, "failed", slow, 1e-9, status="INCORRECT_NUMERICAL")
@@ -81,7 +80,7 @@ def test_fastest_takes_the_fastest_measured_plan(store):
                     dynamic={"x": {0: "N"}})
     plan = c.lower(tgx.Spec(("N",)))
     assert "measured plan fast" in plan.policy
-    assert _backends(plan) == _backends(fast)
+    assert _backends(plan) == set(fast.backends)
     x = np.linspace(-2, 1, 9).astype(np.float32)
     np.testing.assert_allclose(c(x), ref(x), rtol=1e-6)
 
@@ -89,10 +88,8 @@ def test_fastest_takes_the_fastest_measured_plan(store):
 def test_measured_plans_on_other_backends_are_not_used(store):
     g = tgx.make_graph(f)(tgx.Spec(("N",)))
     if len(BACKENDS) > 1:
-        plant(store, g, {"N": 64}, "other", plan_graph(g, policy="heuristic",
-                                                       backends=[BACKENDS[1]]), 1e-9)
-    plant(store, g, {"N": 8}, "elsewhere", plan_graph(g, policy="heuristic",
-                                                      backends=["numpy"]), 1e-9)
+        plant(store, g, {"N": 64}, "other", heuristic_assignment(g, [BACKENDS[1]]), 1e-9)
+    plant(store, g, {"N": 8}, "elsewhere", heuristic_assignment(g, ["numpy"]), 1e-9)
     plan = tgx.compile(f, policy="fastest", backends=["numpy"], store=store).lower(
         tgx.Spec(("N",)))
     # only the numpy plan measured at N=8 qualifies, as the nearest measured binding
@@ -102,25 +99,27 @@ def test_measured_plans_on_other_backends_are_not_used(store):
 
 def test_plan_with_bound_weights_is_a_different_candidate(store):
     g = tgx.make_graph(f)(tgx.Spec(("N",)))
-    plant(store, g, {"N": 64}, "unbound", plan_graph(g, policy="heuristic",
-                                                     backends=["numpy"]), 1e-6)
-    assert recipes.best_measured(g, ["numpy"], store, {"N": 64}, weights=(0,)) is None
+    plant(store, g, {"N": 64}, "unbound", heuristic_assignment(g, ["numpy"]), 1e-6)
+    bound = PlanOptions(weights=(0,))
+    assert recipes.best_measured(g, ["numpy"], store, {"N": 64}, options=bound) is None
     assert recipes.best_measured(g, ["numpy"], store, {"N": 64}).label == "unbound"
+    # state updated in place is timed apart too
+    stateful = PlanOptions(state=((0, 0),))
+    assert recipes.best_measured(g, ["numpy"], store, {"N": 64}, options=stateful) is None
 
 
 def test_a_plan_whose_kernel_changed_is_skipped(store, monkeypatch):
     g = tgx.make_graph(f)(tgx.Spec(("N",)))
-    plan = plan_graph(g, policy="heuristic", backends=["numpy"])
-    payload = recipes.plan_payload(plan)
+    a = heuristic_assignment(g, ["numpy"])
     import msgpack
 
-    d = msgpack.unpackb(payload, raw=False)
+    d = msgpack.unpackb(a.to_bytes(), raw=False)
     d["kernels"] = [None if k is None else [k[0], k[1], "0" * 64] for k in d["kernels"]]
     bad = msgpack.packb(d, use_bin_type=True)
     with pytest.raises(SerializationError, match="changed"):
-        recipes.plan_from_payload(bad, g)
-    monkeypatch.setattr(recipes, "plan_payload", lambda p, label="": bad)
-    plant(store, g, {"N": 64}, "stale", plan, 1e-9)
+        Assignment.from_bytes(bad)
+    monkeypatch.setattr(Assignment, "to_bytes", lambda self, label="": bad)
+    plant(store, g, {"N": 64}, "stale", a, 1e-9)
     monkeypatch.undo()
     c = tgx.compile(f, policy="fastest", backends=["numpy"], store=store)
     assert "measured plan" not in c.lower(tgx.Spec(("N",))).policy
@@ -129,10 +128,12 @@ def test_a_plan_whose_kernel_changed_is_skipped(store, monkeypatch):
 def test_explore_measures_the_shortlist_once_and_fastest_uses_it(store):
     g = tgx.make_graph(f)(tgx.Spec(("N",)))
     cm = CostModel(store)
-    short = recipes.candidate_plans(g, BACKENDS, cm, {"N": 32})
+    short = explore.candidate_assignments(g, BACKENDS, cm, {"N": 32})
     assert set(BACKENDS) <= set(short) or len(short) >= len(BACKENDS)
-    assert recipes.measure_plans(g, short, store, {"N": 32}, budget_s=0.01) == len(short)
-    assert recipes.measure_plans(g, short, store, {"N": 32}, budget_s=0.01) == 0
+    opts = PlanOptions()
+    assert explore.measure_assignments(g, short, store, {"N": 32}, opts,
+                                       budget_s=0.01) == len(short)
+    assert explore.measure_assignments(g, short, store, {"N": 32}, opts, budget_s=0.01) == 0
     found = recipes.measured_plans(g, BACKENDS, store, {"N": 32})
     assert len(found) == len(short)
     assert [m.median_s for m in found] == sorted(m.median_s for m in found)
@@ -145,10 +146,9 @@ def test_explore_measures_the_shortlist_once_and_fastest_uses_it(store):
 
 def test_an_unmeasured_binding_uses_the_nearest_measured_one(store):
     g = tgx.make_graph(f)(tgx.Spec(("N",)))
-    fast = plan_graph(g, policy="heuristic", backends=[BACKENDS[-1]])
+    fast = heuristic_assignment(g, [BACKENDS[-1]])
     plant(store, g, {"N": 64}, "near", fast, 1e-6)
-    plant(store, g, {"N": 4096}, "far", plan_graph(g, policy="heuristic",
-                                                   backends=["numpy"]), 1e-9)
+    plant(store, g, {"N": 4096}, "far", heuristic_assignment(g, ["numpy"]), 1e-9)
     found = recipes.measured_plans(g, BACKENDS, store, {"N": 50})
     assert [m.label for m in found] == ["near"] and found[0].dims == {"N": 64}
     assert recipes.measured_plans(g, BACKENDS, store, {"N": 50}, nearest=False) == []

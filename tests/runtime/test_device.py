@@ -14,20 +14,20 @@ import pytest
 import tgx
 import tgx.numpy as tnp
 from tgx.errors import KernelError, OutOfMemory
-from tgx.compiler import plan_graph
+from tgx.backends import backend_available, get_backend
+from tgx.devices import Device
 from tgx.lowering.lower import lower
-from tgx.backends import backend_available
-from tgx.planning.policies import assign_backends, choose_kernels, decompose_unsupported
-from tgx.runtime.compiled import Device, cuda_available, device_unavailable_reason
+from tgx.pipeline import plan_graph
+from tgx.planning.heuristic import assign_backends, choose_kernels, decompose_unsupported
 from tgx.tracing import tree_flatten
 
 HAS_TORCH = backend_available("torch")
 HAS_JAX = backend_available("jax")
-HAS_CUDA = cuda_available()
+HAS_CUDA = HAS_TORCH and get_backend("torch").device_reason("cuda:0") is None
 
 
 def _jax_has_gpu() -> bool:
-    return HAS_JAX and device_unavailable_reason("cuda:0", "jax") is None
+    return HAS_JAX and get_backend("jax").device_reason("cuda:0") is None
 
 
 _spec = importlib.util.spec_from_file_location(
@@ -137,8 +137,9 @@ def test_jax_without_gpu_is_a_clear_error():
 
 def test_device_unavailable_reason_on_cpu():
     for b in ("numpy", "torch", "jax"):
-        assert device_unavailable_reason("cpu", b) is None
-    assert "host" in device_unavailable_reason("cuda:0", "numpy")
+        if backend_available(b):
+            assert get_backend(b).device_reason("cpu") is None
+    assert "host" in get_backend("numpy").device_reason("cuda:0")
 
 
 # -- the heuristic rule is device-aware (pure function, no GPU needed) --------------------------
@@ -186,33 +187,31 @@ def fake_cuda(monkeypatch):
     for cuda:0 is recorded and done on the CPU. Checks the plumbing (plans, transfers, memory
     accounting, weights, budgets) on machines without a GPU; the real thing is below."""
     pytest.importorskip("torch")
-    import tgx.runtime.compiled as rt
-    from tgx.backends import load_backend, transfers
+    import sys
 
-    tb = load_backend("torch")
+    tb = get_backend("torch")
     asked = _Log()  # (backend, device) of every conversion
     tensors: list = []  # devices torch tensors were moved to (results of input-less kernels)
-    real_to_torch = transfers.to_torch
+    real_convert = type(tb).convert
 
-    def to_torch(x, device="cpu"):
+    def convert(x, device="cpu"):
         asked.append(("torch", device))
-        if type(x).__module__.startswith("torch"):
+        if tb.is_array(x):
             tensors.append(device)
-        return real_to_torch(x, "cpu")
+        return real_convert(tb, x, "cpu")
 
-    real_reason = rt.device_unavailable_reason
-    monkeypatch.setattr(rt, "device_unavailable_reason",
-                        lambda d, b: None if b in ("torch", "jax") else real_reason(d, b))
-    monkeypatch.setattr(transfers, "to_torch", to_torch)
-    monkeypatch.setitem(transfers.CONVERTERS, "torch", to_torch)
-    monkeypatch.setattr(tb, "to_torch", to_torch)  # the copy_to kernel
+    monkeypatch.setattr(tb, "convert", convert)
+    monkeypatch.setattr(tb, "device_reason", lambda d: None)
     if HAS_JAX:
         import jax
+
+        jb = get_backend("jax")
 
         def jax_device(device):
             asked.append(("jax", device))
             return jax.devices("cpu")[0]
-        monkeypatch.setattr(transfers, "_jax_device", jax_device)
+        monkeypatch.setattr(jb, "device_reason", lambda d: None)
+        monkeypatch.setattr(sys.modules[type(jb).__module__], "_jax_device", jax_device)
     asked.tensors = tensors
     return asked
 

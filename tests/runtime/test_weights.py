@@ -38,15 +38,20 @@ def copies_of_weights(plan):
 @pytest.mark.skipif(not HAS_JAX, reason="jax missing")
 @pytest.mark.parametrize("weights", ["params", 0, ("params",)])
 def test_jax_weights_converted_once(weights, monkeypatch):
-    from tgx.backends import transfers
+    from tgx.backends import get_backend
 
-    calls = []
-    orig = transfers.CONVERTERS["jax"]
-    monkeypatch.setitem(transfers.CONVERTERS, "jax",
-                        lambda x, device="cpu": calls.append(x) or orig(x, device))
+    p = make_params()
+    calls = []  # conversions of the weight arrays to jax
+    jb = get_backend("jax")
+    orig = jb.convert
+
+    def convert(x, device="cpu"):
+        if any(x is w for w in p.values()):
+            calls.append(x)
+        return orig(x, device)
+    monkeypatch.setattr(jb, "convert", convert)
     f = tgx.compile(mlp, policy="heuristic", backends=["jax"], weights=weights,
                     dynamic={"x": {0: "N"}})
-    p = make_params()
     x = np.ones((5, 8), np.float32)
     np.testing.assert_allclose(f(p, x), ref(p, x), rtol=1e-5)
     plan = f.lower(p, x)

@@ -42,7 +42,7 @@ def test_id_depends_on_identity_fields_only():
 
 def test_sniff_survives_missing_torch_and_libraries(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # "import torch" now raises ImportError
-    monkeypatch.setattr(envmod, "_LIBRARIES", ("numpy", "surely-not-installed-pkg"))
+    monkeypatch.setattr(envmod, "_libraries", lambda: ["numpy", "surely-not-installed-pkg"])
     monkeypatch.setattr(envmod, "_cpu_model", lambda: "fallback cpu")
     env = sniff_environment()
     assert env["gpus"] == []

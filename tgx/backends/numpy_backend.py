@@ -1,8 +1,10 @@
-"""The NumPy backend: every primitive's reference implementation, plus `out=` kernels.
+"""The NumPy backend: the host format, every primitive's reference implementation, and `out=`
+kernels.
 
-Every primitive (atomic or composite, including ones declared later) gets a kernel wrapping
-its NumPy reference. Elementwise ufuncs, matmul and sums also get an `out` variant that writes
-into a preallocated workspace view (`writes_out`), in place when the first input dies there.
+Graph inputs arrive and outputs leave as NumPy arrays, on the host. Every primitive (atomic or
+composite, including ones declared later) gets a kernel wrapping its NumPy reference.
+Elementwise ufuncs, matmul and sums also get an `out` variant that writes into a preallocated
+workspace view (`writes_out`), in place when the first input dies there.
 """
 
 from __future__ import annotations
@@ -14,7 +16,15 @@ from ..core import PRIMITIVES
 from ..primitives import transfer  # noqa: F401 - registers copy_to
 from ..primitives.movement import dynamic_window
 from ..shapes import bfloat16, float16
-from .registry import Kernel, add_kernel, matmul_layout_reason, on_missing, register_kernel
+from .base import Backend, to_host
+from .registry import (
+    Kernel,
+    add_kernel,
+    matmul_layout_reason,
+    on_missing,
+    register_kernel,
+    source_hash,
+)
 
 NAME = "numpy"
 
@@ -48,8 +58,6 @@ def _register_reference(name: str) -> None:
 
 
 def _impl_hash(p) -> str:
-    from .registry import source_hash
-
     return source_hash(p.impl)
 
 
@@ -78,9 +86,7 @@ def numpy_reduce_prod(x, *, axes):
 
 @register_kernel("copy_to", NAME, returns_view=True)
 def numpy_copy_to(x, *, backend="numpy", device="cpu"):
-    from .transfers import to_numpy
-
-    return to_numpy(x)
+    return BACKEND.convert(x)
 
 
 # -- out= variants ----------------------------------------------------------------------------
@@ -155,7 +161,47 @@ def numpy_dynamic_update_slice_inplace(x, update, *idx):
     return x
 
 
-INPLACE = {"dynamic_update_slice": numpy_dynamic_update_slice_inplace}
+class NumpyBackend(Backend):
+    """NumPy: the host format; zero-copy views into tgx's workspace."""
+
+    name, library = NAME, "numpy"
+    preference = 30
+    host = host_only = True
+    writes_workspace = True
+    # Rough CPU figures: a 1-element add through NumPy ≈ 1 µs, ~8 GB/s per core, peak from a
+    # 512³ matmul (see docs/selection.md; `calibrate()` measures the overhead here).
+    cost = (1.0e-6, 8e9, 3e10)
+    # Measured on a 64x256 float32 array (2-core CPU): tensor.numpy() and np.asarray of a CPU
+    # jax array share memory.
+    transfer_in = {"torch": (1.8e-6, None), "jax": (1.0e-6, None)}
+    # torch's OpenMP workers keep spinning after an op: a multi-threaded NumPy BLAS call
+    # right after one ran ~8 ms slower (a 256x256 matmul after a torch add, minus both alone).
+    switch_in = {"torch": 7.8e-3}
+    inplace = {"dynamic_update_slice": numpy_dynamic_update_slice_inplace}
+
+    def is_array(self, x) -> bool:
+        return isinstance(x, np.ndarray)
+
+    def to_host(self, x):
+        return x
+
+    def host_view(self, x):
+        return x if x.flags.writeable and x.flags.c_contiguous else None
+
+    def from_host(self, x, device="cpu"):
+        return x
+
+    def convert(self, x, device="cpu"):
+        return to_host(x)
+
+    def zero_copy_from_host(self, device: str) -> bool:
+        return True
+
+    def empty(self, shape, dtype, like=None):
+        return np.empty(shape, dtype)
+
+
+BACKEND = NumpyBackend()
 
 
 for _name in list(PRIMITIVES):

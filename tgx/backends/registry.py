@@ -14,6 +14,7 @@ exists, so backends do not depend on which composite families are loaded.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import TgxError
+from .base import load_backend
 
 Checker = Callable[[list, dict], "str | None"]
 
@@ -72,9 +74,27 @@ class Kernel:
         except Exception as e:  # a crashing checker declines, with the reason
             return f"checker raised {type(e).__name__}: {e}"
 
+    def bind(self, params: dict, out=None) -> Callable:
+        """This kernel with its params (and `out=` view) baked in: what an instruction calls.
+        A pattern kernel takes only the matched inputs (its `fused` equation's params — the
+        matched body — are not passed)."""
+        if self.pattern is not None:
+            params = {}
+        if out is not None:
+            return functools.partial(self.fn, out=out, **params)
+        if self.specialize is not None:
+            return self.specialize(params)
+        if not params:
+            return self.fn
+        return functools.partial(self.fn, **params)
+
+    @property
+    def label(self) -> str:
+        """`name[variant]` (the store's implementation name)."""
+        return self.name + ("" if self.variant == "default" else f"[{self.variant}]")
+
     def __repr__(self) -> str:
-        v = "" if self.variant == "default" else f"[{self.variant}]"
-        return f"{self.name}{v}@{self.backend}"
+        return f"{self.label}@{self.backend}"
 
 
 _KERNELS: dict[tuple[str, str], list[Kernel]] = {}
@@ -146,8 +166,6 @@ def remove_kernel(name: str, backend: str, variant: str = "default") -> None:
 
 def kernels_for(name: str, backend: str) -> list[Kernel]:
     """Every kernel registered for primitive `name` on `backend` (loads that backend)."""
-    from . import load_backend
-
     load_backend(backend)
     ks = _KERNELS.get((name, backend))
     if ks is None and backend in _LATE:

@@ -25,6 +25,7 @@ from ..core import Graph, Literal
 from ..errors import TgxError
 from ..shapes import ShapedArray, bool_, float64, free_symbols, is_float
 from ..tracing import GraphBuilder
+from ..transforms.evaluate import eval_graph_flat
 from .hashing import structural_hash
 
 
@@ -214,8 +215,6 @@ def random_inputs(avals: list[ShapedArray], dims: dict, rng) -> list[np.ndarray]
 
 
 def _run(g: Graph, g64: Graph | None, xs: list) -> list[np.ndarray]:
-    from ..transforms.evaluate import eval_graph_flat
-
     if g64 is not None:
         xs = [x.astype(float64) if is_float(x.dtype) else x for x in xs]
         return [np.asarray(o) for o in eval_graph_flat(g64, xs)]

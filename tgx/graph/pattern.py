@@ -29,6 +29,9 @@ from ..core import Graph, Literal, Var
 from ..errors import SymbolicShapeError, TgxError
 from ..shapes import ShapedArray, as_dim, dim_eq
 from ..tracing import GraphBuilder, make_graph, tree_flatten
+from ..transforms.decompose import decompose
+from ..transforms.simplify import dead_code_elimination
+from .hashing import structural_hash
 
 
 @dataclass
@@ -58,8 +61,6 @@ def as_pattern(pattern: Graph | Callable, specs: tuple = (), graph: Graph | None
             raise TgxError("a pattern given as a function needs example Specs for its inputs, "
                            "e.g. find_pattern(g, fn, tgx.Spec(('N', 'D')))")
         g = make_graph(pattern)(*specs)
-    from ..transforms.decompose import decompose
-    from ..transforms.simplify import dead_code_elimination
 
     if graph is not None:
         present = {e.primitive.name for e in graph.eqns}
@@ -109,8 +110,6 @@ def _unify_value(p: Any, g: Any, dims: dict) -> dict | None:
     if isinstance(p, sympy.Basic) or (isinstance(g, sympy.Basic) and isinstance(p, int)):
         return _unify_dim(p, g, dims)
     if isinstance(p, Graph) or isinstance(g, Graph):
-        from .hashing import structural_hash
-
         ok = isinstance(p, Graph) and isinstance(g, Graph) and \
             structural_hash(p) == structural_hash(g)
         return dims if ok else None

@@ -21,19 +21,15 @@ import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..backends import get_backend
 from ..core import Graph, Var
-
-# backends whose state buffers an update can write into, and their in-place functions
-INPLACE_BACKENDS = ("numpy", "torch")
+from ..devices import HOST
 
 
 def inplace_fn(name: str, backend: str):
-    """The backend's in-place update function for primitive `name`, or None."""
-    if backend not in INPLACE_BACKENDS:
-        return None
-    from ..backends import load_backend
-
-    return getattr(load_backend(backend), "INPLACE", {}).get(name)
+    """The backend's in-place update function for primitive `name` (`Backend.inplace`), or
+    None where its arrays are immutable."""
+    return get_backend(backend).inplace.get(name)
 
 
 @dataclass
@@ -53,12 +49,15 @@ class StatePlan:
     alias_outs: tuple = ()
 
 
-def _zero_copy_transfer(e, backend: str, device: str) -> bool:
-    return (e.primitive.name == "copy_to" and backend in INPLACE_BACKENDS
-            and e.params.get("device", "cpu") == device and isinstance(e.invars[0], Var))
+def _zero_copy_transfer(e, backend: str) -> bool:
+    """A copy of a state buffer that shares its memory, on a backend that can update it in
+    place: the chain from the state argument to its new value may pass through it."""
+    b = get_backend(backend)
+    return (e.primitive.name == "copy_to" and bool(b.inplace) and isinstance(e.invars[0], Var)
+            and e.params.get("device", HOST) == HOST and b.zero_copy_from_host(HOST))
 
 
-def _chain(graph, eqns, backends, producer, s_var, o_atom, device):
+def _chain(graph, eqns, backends, producer, s_var, o_atom):
     """Equation indices from S to O (updates and zero-copy transfers), or (None, reason)."""
     if not isinstance(o_atom, Var):
         return None, "the new state is a constant"
@@ -68,7 +67,7 @@ def _chain(graph, eqns, backends, producer, s_var, o_atom, device):
         if j is None:
             return None, "the new state is not computed from the state argument"
         e, b = eqns[j], backends[j]
-        if _zero_copy_transfer(e, b, device):
+        if _zero_copy_transfer(e, b):
             chain.append(j)
         elif e.primitive.name == "dynamic_update_slice" and isinstance(e.invars[0], Var):
             if inplace_fn("dynamic_update_slice", b) is None:
@@ -83,7 +82,7 @@ def _chain(graph, eqns, backends, producer, s_var, o_atom, device):
 
 
 def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: Sequence,
-               state: Sequence[tuple[int, int]], device: str = "cpu") -> StatePlan:
+               state: Sequence[tuple[int, int]]) -> StatePlan:
     """Decide in place / copy per state pair and the schedule (indices into `eqns`)."""
     n = len(eqns)
     identity = list(range(n))
@@ -99,8 +98,7 @@ def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: S
     chains: dict[int, list] = {}
     reasons = [""] * len(state)
     for p, (a, o) in enumerate(state):
-        chain, why = _chain(graph, eqns, backends, producer, graph.invars[a], graph.outvars[o],
-                            device)
+        chain, why = _chain(graph, eqns, backends, producer, graph.invars[a], graph.outvars[o])
         if chain is None:
             reasons[p] = why
         else:
@@ -138,7 +136,8 @@ def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: S
             for v in e.outvars:
                 alias.setdefault(v.id, {})[p] = ver
             for q, qv in seen.items():  # other pairs' views flowing through (conservative)
-                if q != p and (kernels[j].returns_view or e.primitive.name == "copy_to"):
+                if q != p and (getattr(kernels[j], "returns_view", True)
+                               or e.primitive.name == "copy_to"):
                     for v in e.outvars:
                         alias[v.id][q] = min(qv, alias[v.id].get(q, qv))
         elif seen and (e.primitive.name == "copy_to" or getattr(kernels[j], "returns_view",
@@ -169,7 +168,7 @@ def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: S
             if ver >= len(updates[p]) or j == updates[p][ver]:
                 continue
             upd = updates[p][ver]
-            if backends[j] not in INPLACE_BACKENDS:
+            if get_backend(backends[j]).reads_host_async:
                 reasons[p] = f"the old state is read on {backends[j]} (asynchronous)"
                 break
             if j in _descendants(upd, users):

@@ -2,7 +2,8 @@
 (`dim=`, with `axis=` as an alias), plus `dropout` with an explicit `tgx.random` key.
 
 Each binds one composite primitive (tgx/primitives/activations.py) that decomposes into atomic
-primitives with overflow-free formulas.
+primitives with overflow-free formulas; `softmax` and `log_softmax` wrap the binders declared
+there.
 
 >>> import numpy as np, tgx.nn as tnn
 >>> tnn.relu(np.array([-1.0, 2.0], np.float32))
@@ -13,7 +14,10 @@ from __future__ import annotations
 
 from .. import numpy as tnp
 from .. import primitives as P
-from ..shapes import canonicalize_axes, canonicalize_axis
+from .. import random
+from ..primitives import activations as A
+from ..primitives.ops import _as_operand, _aval, _float_args
+from ..shapes import canonicalize_axes
 
 __all__ = ["relu", "relu6", "leaky_relu", "elu", "selu", "celu", "gelu", "silu", "swish",
            "sigmoid", "tanh", "softplus", "hardtanh", "hardswish", "hardsigmoid", "mish",
@@ -21,8 +25,8 @@ __all__ = ["relu", "relu6", "leaky_relu", "elu", "selu", "celu", "gelu", "silu",
 
 
 def _f(x):
-    (x,) = tnp._float_args(x)
-    return tnp._as_operand(x)
+    (x,) = _float_args(x)
+    return _as_operand(x)
 
 
 def _dim(dim, axis, default=-1):
@@ -124,18 +128,12 @@ def softmax(x, dim: int | None = None, *, axis: int | None = None):
     >>> softmax(np.array([1e4, 0.0], np.float32))
     array([1., 0.], dtype=float32)
     """
-    x = _f(x)
-    nd = tnp.ndim(x)
-    ax = canonicalize_axis(_dim(dim, axis), max(nd, 1), "softmax") if nd else 0
-    return P.softmax_p.bind(x, axis=ax)
+    return A.softmax(_f(x), _dim(dim, axis))
 
 
 def log_softmax(x, dim: int | None = None, *, axis: int | None = None):
     """x - logsumexp(x) along `dim` (default -1)."""
-    x = _f(x)
-    nd = tnp.ndim(x)
-    ax = canonicalize_axis(_dim(dim, axis), max(nd, 1), "log_softmax") if nd else 0
-    return P.log_softmax_p.bind(x, axis=ax)
+    return A.log_softmax(_f(x), _dim(dim, axis))
 
 
 def logsumexp(x, dim=None, keepdim: bool = False, *, axis=None, keepdims: bool | None = None):
@@ -155,13 +153,11 @@ def dropout(x, p: float = 0.5, key=None, training: bool = True):
         return tnp.zeros_like(x)
     if key is None:
         raise ValueError("dropout needs a tgx.random key when training (key=tgx.random.key(0))")
-    from .. import random
-
     keep = random.bernoulli(key, 1.0 - p, tnp.shape(x))
     return tnp.where(keep, tnp.divide(x, 1.0 - p), tnp.zeros_like(x))
 
 
 def one_hot(x, num_classes: int, dtype=tnp.int64):
     """torch F.one_hot: a new last axis of length `num_classes` (int64 by default)."""
-    classes = tnp.arange(num_classes, dtype=tnp._aval(x).dtype)
+    classes = tnp.arange(num_classes, dtype=_aval(x).dtype)
     return tnp.astype(tnp.equal(tnp.expand_dims(x, -1), classes), dtype)

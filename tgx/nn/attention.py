@@ -12,6 +12,7 @@ import math
 
 from .. import numpy as tnp
 from ..primitives import attention as A
+from ..primitives.ops import _as_operand, _aval, _float_args
 from ..shapes import bool_
 
 __all__ = ["scaled_dot_product_attention"]
@@ -34,17 +35,17 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     if dropout_p:
         raise NotImplementedError("scaled_dot_product_attention: dropout_p > 0 is not supported "
                                   "(tgx ops are deterministic)")
-    query, key, value = (tnp._as_operand(x) for x in tnp._float_args(query, key, value))
-    dt = tnp._aval(query).dtype
+    query, key, value = (_as_operand(x) for x in _float_args(query, key, value))
+    dt = _aval(query).dtype
     if scale is None:
-        e = tnp._aval(query).shape[-1]
+        e = _aval(query).shape[-1]
         if not isinstance(e, int):
             raise NotImplementedError("scaled_dot_product_attention: a symbolic head dim needs "
                                       "an explicit scale")
         scale = 1.0 / math.sqrt(e)
     args = (query, key, value)
     if attn_mask is not None:
-        mask_dt = tnp._aval(attn_mask).dtype
-        args += (tnp._as_operand(tnp.astype(attn_mask, bool_ if mask_dt == bool_ else dt)),)
+        mask_dt = _aval(attn_mask).dtype
+        args += (_as_operand(tnp.astype(attn_mask, bool_ if mask_dt == bool_ else dt)),)
     return A.sdpa_p.bind(*args, has_mask=attn_mask is not None, is_causal=bool(is_causal),
                          scale=float(scale), enable_gqa=bool(enable_gqa))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .. import numpy as tnp
 from ..primitives import conv as Cv
+from ..primitives.ops import _as_operand, _aval, _float_args
 
 __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
            "conv_transpose3d", "max_pool1d", "max_pool2d", "max_pool3d", "avg_pool1d",
@@ -31,12 +32,12 @@ def _tuple(v, n, what):
 
 def _batched(x, n, op):
     """(x with a batch axis, whether one was added)."""
-    nd = tnp._aval(x).ndim
+    nd = _aval(x).ndim
     if nd == n + 1:
         return tnp.expand_dims(x, 0), True
     if nd != n + 2:
         raise ValueError(f"{op}: expected a {n + 1}-D (unbatched) or {n + 2}-D input, got "
-                         f"{tnp._aval(x)}")
+                         f"{_aval(x)}")
     return x, False
 
 
@@ -45,8 +46,8 @@ def _unbatch(y, added):
 
 
 def _operands(input, weight, bias):
-    args = [tnp._as_operand(a) for a in tnp._float_args(*[a for a in (input, weight, bias)
-                                                          if a is not None])]
+    args = [_as_operand(a) for a in _float_args(*[a for a in (input, weight, bias)
+                                                  if a is not None])]
     return args
 
 
@@ -54,7 +55,7 @@ def _conv(n, input, weight, bias, stride, padding, dilation, groups, op):
     args = _operands(input, weight, bias)
     x, added = _batched(args[0], n, op)
     stride, dilation = _tuple(stride, n, "stride"), _tuple(dilation, n, "dilation")
-    kernel = tnp._aval(args[1]).shape[2:]
+    kernel = _aval(args[1]).shape[2:]
     if padding == "valid":
         pads = ((0, 0),) * n
     elif padding == "same":
@@ -126,10 +127,10 @@ def pool(input, reduction, kernel_size, stride=None, padding=0, dilation=1, ceil
     apply to 'avg'. Windows follow torch (padding at most half the kernel; with `ceil_mode` a
     last partial window must start inside the input or the left padding)."""
     n = len(kernel_size)
-    (x,) = tnp._float_args(input)
+    (x,) = _float_args(input)
     kernel = _tuple(kernel_size, n, "kernel_size")
     return Cv.pool_p.bind(
-        tnp._as_operand(x), reduction=reduction, kernel_size=kernel,
+        _as_operand(x), reduction=reduction, kernel_size=kernel,
         stride=kernel if stride is None or stride == () else _tuple(stride, n, "stride"),
         padding=_tuple(padding, n, "padding"), dilation=_tuple(dilation, n, "dilation"),
         ceil_mode=bool(ceil_mode), count_include_pad=bool(count_include_pad),
@@ -188,8 +189,8 @@ def pad(input, pad, mode="constant", value=None):
     pad = tuple(int(p) for p in pad)
     if len(pad) % 2:
         raise ValueError(f"pad: needs (left, right) pairs, got {pad}")
-    x = tnp._as_operand(input)
-    nd = tnp._aval(x).ndim
+    x = _as_operand(input)
+    nd = _aval(x).ndim
     if len(pad) // 2 > nd:
         raise ValueError(f"pad: {len(pad) // 2} padded axes for an input of rank {nd}")
     pads = [(0, 0)] * nd

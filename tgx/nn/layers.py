@@ -15,6 +15,7 @@ import sympy
 
 from .. import numpy as tnp
 from ..primitives import layers as Ly
+from ..primitives.ops import _as_operand, _aval, _promoted
 from ..shapes import as_dim, as_dtype, float32, int64
 
 __all__ = ["linear", "matmul", "bmm", "einsum", "embedding", "apply_rotary_emb",
@@ -24,8 +25,8 @@ einsum = tnp.einsum
 
 
 def _same_dtype(*xs):
-    (out, _, _) = tnp._promoted(*xs)
-    return [tnp._as_operand(x) for x in out]
+    (out, _, _) = _promoted(*xs)
+    return [_as_operand(x) for x in out]
 
 
 def linear(input, weight, bias=None):
@@ -41,7 +42,7 @@ def matmul(input, other):
 
 def bmm(input, mat2):
     """Batched matrix product of (B, n, m) and (B, m, p) (no broadcasting, as in torch)."""
-    a, b = tnp._aval(input), tnp._aval(mat2)
+    a, b = _aval(input), _aval(mat2)
     if a.ndim != 3 or b.ndim != 3:
         raise ValueError(f"bmm: expects two 3-D operands, got {a} and {b}")
     return matmul(input, mat2)
@@ -55,12 +56,12 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     if max_norm is not None:
         raise NotImplementedError("embedding: max_norm renormalises the weight in place; "
                                   "not supported")
-    return Ly.embedding_p.bind(tnp._as_operand(tnp.asarray(input)), tnp._as_operand(weight))
+    return Ly.embedding_p.bind(_as_operand(tnp.asarray(input)), _as_operand(weight))
 
 
 def rotate_half(x):
     """`cat(-x2, x1)` for the halves x1, x2 of the last axis (HF's Llama convention)."""
-    h = tnp._aval(x).shape[-1] // 2
+    h = _aval(x).shape[-1] // 2
     return tnp.concatenate([tnp.negative(x[..., h:]), x[..., :h]], axis=-1)
 
 
@@ -68,9 +69,9 @@ def apply_rotary_emb(x, cos, sin):
     """Rotary position embedding in the Llama / Gemma form: `x * cos + rotate_half(x) * sin`.
     `cos` / `sin` (e.g. from `rope_cos_sin`, shape (S, D)) broadcast against x (..., S, D)
     and are cast to x's dtype."""
-    x = tnp._as_operand(x)
-    dt = tnp._aval(x).dtype
-    cos, sin = (tnp._as_operand(tnp.astype(c, dt)) for c in (cos, sin))
+    x = _as_operand(x)
+    dt = _aval(x).dtype
+    cos, sin = (_as_operand(tnp.astype(c, dt)) for c in (cos, sin))
     return Ly.apply_rotary_emb_p.bind(x, cos, sin)
 
 
@@ -81,7 +82,7 @@ def rope_cos_sin(positions, head_dim, base=10000.0, dtype=float32):
     "S") meaning `arange(length)`."""
     if isinstance(positions, (int, str, sympy.Basic)):
         positions = tnp.iota(int64, (as_dim(positions),), 0)
-    cos, sin = Ly.rope_cos_sin_p.bind(tnp._as_operand(tnp.asarray(positions)),
+    cos, sin = Ly.rope_cos_sin_p.bind(_as_operand(tnp.asarray(positions)),
                                       head_dim=int(head_dim), base=float(base),
                                       dtype=as_dtype(dtype))
     return cos, sin

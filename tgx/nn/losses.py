@@ -11,8 +11,8 @@ Each binds one composite primitive of `tgx.primitives.losses`. The deprecated to
 
 from __future__ import annotations
 
-from .. import numpy as tnp
 from ..primitives import losses as L
+from ..primitives.ops import _as_operand, _aval, _float_args
 from ..shapes import is_float
 
 __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "kl_div",
@@ -27,8 +27,8 @@ def _no_legacy(op, size_average, reduce):
 def _floats(*xs):
     """Promote to one floating dtype (None entries stay None)."""
     present = [x for x in xs if x is not None]
-    cast = iter(tnp._float_args(*present))
-    return [None if x is None else tnp._as_operand(next(cast)) for x in xs]
+    cast = iter(_float_args(*present))
+    return [None if x is None else _as_operand(next(cast)) for x in xs]
 
 
 def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100,
@@ -44,12 +44,12 @@ def cross_entropy(input, target, weight=None, size_average=None, ignore_index=-1
     1.3863
     """
     _no_legacy("cross_entropy", size_average, reduce)
-    probs = is_float(tnp._aval(target).dtype)
+    probs = is_float(_aval(target).dtype)
     if probs:
         input, target, weight = _floats(input, target, weight)
     else:
         input, weight = _floats(input, weight)
-        target = tnp._as_operand(target)
+        target = _as_operand(target)
     args = (input, target) + ((weight,) if weight is not None else ())
     return L.cross_entropy_p.bind(*args, has_weight=weight is not None,
                                   ignore_index=int(ignore_index), reduction=reduction,
@@ -62,7 +62,7 @@ def nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, r
     divides by the summed class weights of the non-ignored targets (NaN if all are ignored)."""
     _no_legacy("nll_loss", size_average, reduce)
     input, weight = _floats(input, weight)
-    args = (input, tnp._as_operand(target)) + ((weight,) if weight is not None else ())
+    args = (input, _as_operand(target)) + ((weight,) if weight is not None else ())
     return L.nll_loss_p.bind(*args, has_weight=weight is not None,
                              ignore_index=int(ignore_index), reduction=reduction)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from .. import numpy as tnp
 from ..primitives import norms as Nm
+from ..primitives.ops import _as_operand, _aval, _float_args
 from ..shapes import as_dim, bfloat16, finfo, float16, float32
 
 __all__ = ["layer_norm", "rms_norm", "batch_norm", "batch_norm_with_stats", "group_norm"]
@@ -20,12 +21,12 @@ __all__ = ["layer_norm", "rms_norm", "batch_norm", "batch_norm_with_stats", "gro
 
 def _like(p, x):
     """An optional parameter array in the input's dtype."""
-    return None if p is None else tnp._as_operand(tnp.astype(p, tnp._aval(x).dtype))
+    return None if p is None else _as_operand(tnp.astype(p, _aval(x).dtype))
 
 
 def _as_float(x):
-    (x,) = tnp._float_args(x)
-    return tnp._as_operand(x)
+    (x,) = _float_args(x)
+    return _as_operand(x)
 
 
 def _norm_shape(normalized_shape) -> tuple:
@@ -50,7 +51,7 @@ def rms_norm(input, normalized_shape, weight=None, eps=None):
     x = _as_float(input)
     w = _like(weight, x)
     if eps is None:
-        dt = tnp._aval(x).dtype
+        dt = _aval(x).dtype
         eps = float(finfo(float32 if dt in (float16, bfloat16) else dt).eps)
     args = (x,) + ((w,) if w is not None else ())
     return Nm.rms_norm_p.bind(*args, normalized_shape=_norm_shape(normalized_shape),
@@ -66,7 +67,7 @@ def batch_norm_with_stats(input, running_mean, running_var, weight=None, bias=No
     x = _as_float(input)
     w, b = _like(weight, x), _like(bias, x)
     has_running = running_mean is not None and running_var is not None
-    running = (tnp._as_operand(running_mean), tnp._as_operand(running_var)) if has_running \
+    running = (_as_operand(running_mean), _as_operand(running_var)) if has_running \
         else ()
     if momentum is None:
         raise NotImplementedError("batch_norm: momentum=None (cumulative average) needs a batch "

@@ -13,23 +13,24 @@ from __future__ import annotations
 
 from .. import numpy as tnp
 from .. import primitives as P
+from ..primitives.ops import _as_operand, _aval, _promoted
 
 __all__ = ["rnn_cell", "lstm_cell", "gru_cell"]
 
 
 def _args(x, h, w_ih, w_hh, b_ih, b_hh, gates):
-    (x, h, w_ih, w_hh), dtype, _ = tnp._promoted(x, h, w_ih, w_hh)
+    (x, h, w_ih, w_hh), dtype, _ = _promoted(x, h, w_ih, w_hh)
     hid = tnp.shape(w_hh)[0]
     b_ih = tnp.zeros((hid,), dtype) if b_ih is None else tnp.astype(b_ih, dtype)
     b_hh = tnp.zeros((hid,), dtype) if b_hh is None else tnp.astype(b_hh, dtype)
-    return [tnp._as_operand(a) for a in (x, h, w_ih, w_hh, b_ih, b_hh)]
+    return [_as_operand(a) for a in (x, h, w_ih, w_hh, b_ih, b_hh)]
 
 
 def _h0(x, w_hh, gates, h):
     if h is not None:
         return h
     hid = tnp.shape(w_hh)[1]
-    return tnp.zeros(tuple(tnp.shape(x)[:-1]) + (hid,), tnp._aval(x).dtype)
+    return tnp.zeros(tuple(tnp.shape(x)[:-1]) + (hid,), _aval(x).dtype)
 
 
 def rnn_cell(x, h, w_ih, w_hh, b_ih=None, b_hh=None, nonlinearity: str = "tanh"):
@@ -45,7 +46,7 @@ def lstm_cell(x, hc, w_ih, w_hh, b_ih=None, b_hh=None):
     else:
         h, c = hc
     x, h, w_ih, w_hh, b_ih, b_hh = _args(x, h, w_ih, w_hh, b_ih, b_hh, 4)
-    c = tnp._as_operand(tnp.astype(c, tnp._aval(h).dtype))
+    c = _as_operand(tnp.astype(c, _aval(h).dtype))
     h2, c2 = P.lstm_cell_p.bind(x, h, c, w_ih, w_hh, b_ih, b_hh)
     return h2, c2
 

@@ -17,9 +17,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..core import Eqn
 from ..backends import available_backends, backend_available, unavailable_reason
 from ..backends.registry import Kernel, kernels_for
+from ..core import Eqn
+from ..transforms.evaluate import concretize
 
 # Variants in the order the heuristic prefers them: a library's dedicated kernel, then a
 # kernel writing into the workspace, then the plain kernel.
@@ -67,8 +68,6 @@ class Candidates(list):
 def accepted_kernels(eqn: Eqn, backend: str, declined: list | None = None,
                      dims: dict | None = None) -> list[Kernel]:
     """The kernels of `backend` that accept `eqn`, best variant first."""
-    from ..transforms.evaluate import concretize
-
     if not backend_available(backend):
         if declined is not None:
             declined.append((backend, unavailable_reason(backend)))

@@ -6,8 +6,9 @@ that was never measured borrows the *nearest measured binding* of the same graph
 implementation and environment: the workload whose total input elements are closest in
 log-space, its time scaled by the ratio of input bytes above the backend's per-call overhead
 (``overhead + (t - overhead) * bytes_now / bytes_then``). Otherwise a roofline guess:
-``overhead + bytes moved / bandwidth + flops / peak`` with the constants in `BACKEND_COSTS`
-(see docs/selection.md for how they were chosen; `calibrate()` measures them here).
+``overhead + bytes moved / bandwidth + flops / peak`` with each backend's constants
+(`Backend.cost`; see docs/selection.md for how they were chosen; `calibrate()` measures the
+overheads here).
 
 >>> import tgx, tgx.numpy as tnp
 >>> g = tgx.make_graph(lambda x: tnp.exp(x))(tgx.Spec(("N",)))
@@ -24,44 +25,24 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backends import available_backends, backend_available, get_backend
+from ..backends.registry import kernels_for
 from ..core import Literal
-from ..shapes import eval_dim
+from ..graph import structural_hash
+from ..profiling.timing import measure
+from ..shapes import concrete_shape
+from ..store.schema import implementation_key, workload_key
+from ..tracing import GraphBuilder
+from .transfers import transfer_seconds
 
-# backend -> (per-call overhead s, bandwidth B/s, peak flop/s). Rough CPU figures: overheads
-# from timing a 1-element add through each library (numpy ≈ 1 µs, torch ≈ 4 µs, a jitted jax
-# op ≈ 5 µs), bandwidth from a 4M-element add (~8-10 GB/s per core), peak from a 512³ matmul.
-BACKEND_COSTS: dict[str, tuple[float, float, float]] = {
-    "numpy": (1.0e-6, 8e9, 3e10),
-    "torch": (4.0e-6, 10e9, 4e10),
-    "jax": (5.0e-6, 10e9, 4e10),
-}
-# (src, dst) -> (overhead s, bandwidth B/s or None for zero-copy)
-TRANSFER_COSTS: dict[tuple[str, str], tuple[float, float | None]] = {
-    # measured with tgx.profiling.measure on a 64x256 float32 array (2-core CPU)
-    ("numpy", "torch"): (1.5e-6, None),   # torch.from_numpy: zero-copy
-    ("torch", "numpy"): (1.8e-6, None),   # tensor.numpy(): zero-copy
-    ("numpy", "jax"): (40e-6, 8e9),       # device_put copies (~41 µs for 64 KiB)
-    ("jax", "numpy"): (1.0e-6, None),     # np.asarray of a CPU jax array: zero-copy
-    ("torch", "jax"): (50e-6, 8e9),       # ~50 µs measured
-    ("jax", "torch"): (6.0e-6, None),     # DLPack
-}
-# (src, dst) -> seconds of thread-pool contention when work moves from backend src to dst:
-# torch's OpenMP workers keep spinning after an op, so a multi-threaded NumPy BLAS call right
-# after one ran ~8 ms slower on the 2-core CPU these were measured on (a 256x256 matmul after a
-# torch add, minus both alone); jax → torch ~2.7 ms. torch → jax gets the torch → numpy figure
-# too: otherwise a plan hides the contention behind one jax op between torch and NumPy work
-# (seen: 24 ms plans predicted at 2 ms). Other pairs ≈ 0. `calibrate()` re-measures.
-# Only multi-threaded work after the switch really pays it (a small NumPy op runs on one
-# thread), so it over-prices plans that mix torch with small NumPy ops (a transformer block's
-# torch plan: 9.7 ms predicted, 2.1 ms measured). Charging it per destination equation was
-# tried and made the cost landscape so flat that `tgx.paths(...).ranked()` took 30-70 s for a
-# Gemma block's first plan instead of ~1 s; FASTEST takes measured whole plans instead
-# (recipes.py), which include the real contention.
-SWITCH_PENALTY: dict[tuple[str, str], float] = {
-    ("torch", "numpy"): 7.8e-3,
-    ("torch", "jax"): 7.8e-3,
-    ("jax", "torch"): 2.7e-3,
-}
+# The per-backend constants (per-call overhead, bandwidth, peak; transfer costs; switch
+# penalties) live on the `Backend` objects (`tgx.backends.base`), each with how it was
+# measured. A note on the switch penalties: only multi-threaded work after the switch really
+# pays them (a small NumPy op runs on one thread), so they over-price plans that mix torch
+# with small NumPy ops (a transformer block's torch plan: 9.7 ms predicted, 2.1 ms measured).
+# Charging them per destination equation was tried and made the cost landscape so flat that
+# `tgx.paths(...).ranked()` took 30-70 s for a Gemma block's first plan instead of ~1 s;
+# FASTEST takes measured whole plans instead (recipes.py), which include the real contention.
 CALIBRATION_GRAPH = "tgx-calibration"
 
 
@@ -81,13 +62,7 @@ def _binding(dims) -> dict:
 
 
 def _shape(aval, env: dict) -> tuple[int, ...]:
-    out = []
-    for d in aval.shape:
-        if type(d) is int:
-            out.append(d)
-        else:
-            out.append(eval_dim(d, {s: env[s.name] for s in d.free_symbols}))
-    return tuple(out)
+    return concrete_shape(aval.shape, env)
 
 
 def _nbytes(aval, env) -> int:
@@ -95,12 +70,12 @@ def _nbytes(aval, env) -> int:
 
 
 def _flops(eqn, env) -> float:
-    if eqn.primitive.name != "dot_general":
+    """The primitive's arithmetic work at the binding (its `flops` rule; 0 without one)."""
+    rule = eqn.primitive.flops
+    if rule is None:
         return 0.0
-    (lc, _), _ = eqn.params["dimension_numbers"]
-    lhs = _shape(eqn.invars[0].aval, env)
-    k = math.prod(lhs[a] for a in lc)
-    return 2.0 * math.prod(_shape(eqn.outvars[0].aval, env)) * k
+    return rule([_shape(a.aval, env) for a in eqn.invars],
+                [_shape(v.aval, env) for v in eqn.outvars], **eqn.params)
 
 
 class CostModel:
@@ -114,8 +89,10 @@ class CostModel:
     def __init__(self, store=None, env_id=None, tolerance=None):
         self.store = store
         self.tolerance = tolerance
-        self.backend_costs = dict(BACKEND_COSTS)
-        self.switch_penalty = dict(SWITCH_PENALTY)
+        #: calibrated overrides: backend -> (overhead s, bandwidth B/s, peak flop/s)
+        self.backend_costs: dict[str, tuple[float, float, float]] = {}
+        #: calibrated overrides: (src, dst) -> seconds of contention
+        self.switch_penalty: dict[tuple[str, str], float] = {}
         self._env_id = env_id
         self._keys: dict = {}
         self._impl: dict = {}
@@ -126,16 +103,18 @@ class CostModel:
     @property
     def env_id(self) -> str | None:
         if self._env_id is None and self.store is not None:
-            from ..profiling.runner import _env_id
-
-            self._env_id = _env_id(self.store)
+            self._env_id = self.store.environment_id()
         return self._env_id
+
+    def costs(self, backend: str) -> tuple[float, float, float]:
+        """(per-call overhead s, bandwidth B/s, peak flop/s) of `backend`: calibrated on this
+        machine when the store has it, else the backend's defaults."""
+        hit = self.backend_costs.get(backend)
+        return hit if hit is not None else get_backend(backend).cost
 
     # -- keys ------------------------------------------------------------------------------
     def keys(self, eqn, dims) -> tuple[str, str]:
         """(graph_hash, workload_key) of the one-equation graph at this binding."""
-        from ..store.schema import workload_key
-
         ghash, axes, inputs = self.workload(eqn, dims)
         return ghash, workload_key(ghash, axes, inputs)
 
@@ -154,8 +133,6 @@ class CostModel:
                      for a in eqn.invars))
         hit = self._keys.get(key)
         if hit is None:
-            from ..graph import structural_hash
-
             g = one_equation_graph(eqn)
             syms: list[str] = []
             for v in g.invars:
@@ -171,8 +148,6 @@ class CostModel:
         """The store implementation key of `kernel` (name[variant]@backend#hash)."""
         key = self._impl.get(kernel)
         if key is None:
-            from ..store.schema import implementation_key
-
             key = self._impl[kernel] = implementation_key(
                 "KERNEL", kernel_name(kernel), kernel.backend, kernel.source_hash)
         return key
@@ -231,17 +206,17 @@ class CostModel:
         pays one dispatch instead (see `switch`). A single measured JAX kernel is a one-op
         region, so measured figures lose the same overhead they were measured with."""
         est = self._kernel(eqn, kernel, dims)
-        if kernel.backend != "jax":
+        if not get_backend(kernel.backend).fuses_regions:
             return est
-        ovh = self.backend_costs["jax"][0]
+        ovh = self.costs(kernel.backend)[0]
         # floor: a measured op is never free, even when its median dipped under the overhead
         t = max(est.seconds - ovh, 0.05 * est.seconds)
-        return Estimate(t, est.source, est.detail + f"; in a jax region (-{ovh * 1e6:.1f} µs "
-                                                    "dispatch)")
+        return Estimate(t, est.source, est.detail + f"; in a {kernel.backend} region "
+                                                    f"(-{ovh * 1e6:.1f} µs dispatch)")
 
     def _kernel(self, eqn, kernel, dims: dict) -> Estimate:
         hit = self._lookup(eqn, kernel, dims)
-        ovh = self.backend_costs.get(kernel.backend, BACKEND_COSTS["numpy"])[0]
+        ovh = self.costs(kernel.backend)[0]
         if hit is not None:
             rec, wl, scale = hit
             if wl is None:
@@ -254,11 +229,10 @@ class CostModel:
 
     def roofline(self, eqn, backend, dims) -> Estimate:
         env = _binding(dims)
-        ovh, bw, peak = self.backend_costs.get(backend, BACKEND_COSTS["numpy"])
-        nbytes = sum(_nbytes(a.aval, env) for a in (*eqn.invars, *eqn.outvars)
-                     if not isinstance(a, Literal))
-        if eqn.primitive.name in ("reshape", "squeeze", "expand_dims", "transpose"):
-            nbytes = 0  # views
+        ovh, bw, peak = self.costs(backend)
+        nbytes = 0 if eqn.primitive.is_view else sum(  # a view moves no bytes
+            _nbytes(a.aval, env) for a in (*eqn.invars, *eqn.outvars)
+            if not isinstance(a, Literal))
         t = ovh + nbytes / bw + _flops(eqn, env) / peak
         return Estimate(t, "cost model", "overhead + bytes/bandwidth + flops/peak")
 
@@ -266,18 +240,19 @@ class CostModel:
         """Time of a `copy_to` of a value of `aval` from backend `src` to `dst`."""
         if src == dst:
             return Estimate(0.0, "cost model", "same backend")
-        ovh, bw = TRANSFER_COSTS.get((src, dst), (1e-5, 5e9))
-        t = ovh + (0.0 if bw is None else _nbytes(aval, _binding(dims)) / bw)
-        return Estimate(t, "cost model", f"{src}→{dst} transfer")
+        return Estimate(transfer_seconds(aval, src, dst, dims), "cost model",
+                        f"{src}→{dst} transfer")
 
     def switch(self, src: str, dst: str) -> float:
         """Extra time when an equation on `dst` runs right after one on `src`: thread-pool
-        contention (`SWITCH_PENALTY`, or the calibrated figure), plus, entering JAX, the
-        dispatch of the `jax.jit` call the following JAX equations share (see `kernel`)."""
+        contention (`dst`'s `switch_in[src]`, or the calibrated figure), plus, entering a
+        backend that fuses regions (jax), the dispatch of the one call the following
+        equations share (see `kernel`)."""
         if src == dst:
             return 0.0
-        enter = self.backend_costs["jax"][0] if dst == "jax" else 0.0
-        return self.switch_penalty.get((src, dst), 0.0) + enter
+        b = get_backend(dst)
+        enter = self.costs(dst)[0] if b.fuses_regions else 0.0
+        return self.switch_penalty.get((src, dst), b.switch_in.get(src, 0.0)) + enter
 
     def excluded(self, eqn, kernel, dims) -> str | None:
         """Why `tolerance` rules `kernel` out for `eqn` (measured error too large), else None."""
@@ -303,8 +278,8 @@ class CostModel:
         for rec in self.store.traces(graph_hash=CALIBRATION_GRAPH, env_id=env,
                                      status="PASSED"):
             kind, _, what = rec["impl"].partition("@")
-            if kind == "overhead" and what in self.backend_costs:
-                _, bw, peak = self.backend_costs[what]
+            if kind == "overhead" and backend_available(what):
+                _, bw, peak = self.costs(what)
                 self.backend_costs[what] = (rec["median_s"], bw, peak)
             elif kind == "switch":
                 src, _, dst = what.partition("->")
@@ -312,13 +287,11 @@ class CostModel:
 
 
 def kernel_name(kernel) -> str:
-    return kernel.name + ("" if kernel.variant == "default" else f"[{kernel.variant}]")
+    return kernel.label
 
 
 def one_equation_graph(eqn):
     """A graph holding only `eqn`, with fresh inputs for its non-literal operands."""
-    from ..tracing import GraphBuilder
-
     with GraphBuilder() as b:
         args, ins = [], []
         for a in eqn.invars:
@@ -339,23 +312,18 @@ def calibrate(store=None, backends=None, budget_s: float = 0.2) -> dict[str, flo
     alone, at least 0); record them in `store` (graph ``tgx-calibration``, implementations
     ``overhead@<backend>`` and ``switch@<src>-><dst>``) and return {name: seconds}.
     A `CostModel` on that store uses them."""
-    from ..backends import available_backends
-    from ..backends.registry import kernels_for
-    from ..backends.transfers import CONVERTERS
-    from ..profiling import measure, sync_for
-    from ..runtime.compiled import kernel_callable
-
     backends = list(backends or available_backends())
     out: dict[str, float] = {}
     add, mm = {}, {}
     for b in backends:
-        conv, sync = CONVERTERS[b], sync_for(b)
+        backend = get_backend(b)
+        conv, sync = backend.convert, backend.sync_fn()
         k = next(k for k in kernels_for("add", b) if not k.writes_out)
-        fn, one = kernel_callable(k, {}), conv(np.ones(1, np.float32))
+        fn, one = k.bind({}), conv(np.ones(1, np.float32))
         out[f"overhead@{b}"] = measure(fn, (one, one), sync=sync, budget_s=budget_s).median_s
         a = conv(np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32))
         dk = next(k for k in kernels_for("dot_general", b) if not k.writes_out)
-        dot = kernel_callable(dk, {"dimension_numbers": (((1,), (0,)), ((), ()))})
+        dot = dk.bind({"dimension_numbers": (((1,), (0,)), ((), ()))})
         add[b] = (lambda fn=fn, a=a, s=sync: s(fn(a, a)) if s else fn(a, a))
         mm[b] = (lambda dot=dot, a=a, s=sync: s(dot(a, a)) if s else dot(a, a))
     for src in backends:
@@ -366,9 +334,7 @@ def calibrate(store=None, backends=None, budget_s: float = 0.2) -> dict[str, flo
                          + measure(mm[dst], budget_s=budget_s).median_s)
                 out[f"switch@{src}->{dst}"] = max(0.0, both.median_s - alone)
     if store is not None:
-        from ..profiling.runner import _env_id
-
-        env = _env_id(store)
+        env = store.environment_id()
         wkey = store.add_workload(CALIBRATION_GRAPH, {}, [((1,), "float32")])
         store.add_traces([{"impl": name, "median_s": t, "graph_hash": CALIBRATION_GRAPH,
                            "workload": wkey, "env_id": env, "status": "PASSED"}

@@ -43,48 +43,24 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..backends import check_backends, host_name, load_backend
+from ..backends import patterns as _patterns  # noqa: F401 - registers the pattern kernels
+from ..backends.registry import Kernel, all_kernels
 from ..core import Eqn, Graph, Literal, Params, Var
 from ..errors import TgxError
-from ..backends import load_backend
-from ..backends.registry import Kernel, all_kernels
-from ..shapes import free_symbols
+from ..graph.pattern import find_pattern
+from ..primitives.fused import fused_p
+from ..serialize import SerializationError
+from ..shapes import hint_binding
+from ..tracing import GraphBuilder
+from ..transforms.decompose import decomposition_graph
+from .assignment import Assignment
 from .candidates import accepted_kernels
+from .cost_model import CostModel
+from .transfers import copy_source
 
-HOST = "numpy"
 ANY = "*"  # the backend of a decomposition in `Level.backend_table`: its kernels may be anywhere
-HINT = 64            # value of a symbolic dim when costing, unless `dims=` says otherwise
 MAX_SUBSETS = 4096   # compatible sets of pattern occurrences explored per graph
-
-
-# ---------------------------------------------------------------------------------------------
-# cost model (the real one lives in tgx.planning.cost_model)
-
-
-@dataclass(frozen=True)
-class _Estimate:
-    seconds: float
-    source: str
-    detail: str = ""
-
-
-class _UnitCosts:
-    """Every kernel and transfer costs 1 µs, source "unknown" (when no cost model loads)."""
-
-    def kernel(self, eqn, kernel, dims) -> _Estimate:
-        return _Estimate(1e-6, "unknown")
-
-    def transfer(self, aval, src, dst, dims) -> _Estimate:
-        return _Estimate(1e-6, "unknown")
-
-
-def _cost_model(store, cost_model):
-    if cost_model is not None:
-        return cost_model
-    try:
-        from .cost_model import CostModel
-    except ImportError:
-        return _UnitCosts()
-    return CostModel(store=store)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -198,10 +174,11 @@ class Level:
                         c, b = u.sub.lb, ANY
                     else:
                         c, b = paths.estimate(u, o).seconds, o.backend
-                    if b not in (ANY, HOST) and k in fresh:  # inputs read here first
+                    if b not in (ANY, paths.host) and k in fresh:  # inputs read here first
                         if b not in copy_in[k]:
-                            copy_in[k][b] = sum(paths.transfer_estimate(a.aval, HOST, b).seconds
-                                                for a in fresh[k])
+                            copy_in[k][b] = sum(
+                                paths.transfer_estimate(a.aval, paths.host, b).seconds
+                                for a in fresh[k])
                         c += copy_in[k][b]
                     if c < here.get(b, math.inf):
                         here[b] = c
@@ -394,20 +371,21 @@ class Paths:
     """Every valid plan of `graph` (see the module docstring). Build with `tgx.paths(fn)(...)`
     or `Paths(graph, ...)`."""
 
+    #: the class of the plans it yields (`tgx.explore` uses one that can also run them)
+    plan_type: type
+
     def __init__(self, graph: Graph, *, backends: Sequence[str] | None = None, store=None,
                  dims: dict | None = None, max_transfers: int | None = None,
                  decompose: bool = True, patterns: bool = True,
                  kernels_only: Iterable[str] | Callable[[Kernel], bool] | None = None,
                  cost_model=None, name: str | None = None):
-        from . import policies
-
         self.graph = graph
         self.name = name or "graph"
-        self.backends = policies.check_backends(backends)
+        self.backends = check_backends(backends)
+        #: where graph inputs live and outputs go (the host backend)
+        self.host = host_name()
         self.store = store
-        syms = set().union(*[free_symbols(v.aval.shape) for v in graph.invars]) \
-            if graph.invars else set()
-        self.dims = {s.name: HINT for s in syms}
+        self.dims = hint_binding(graph.in_avals)
         self.dims.update({str(k): int(v) for k, v in (dims or {}).items()})
         self.max_transfers = max_transfers
         self.decompose = decompose
@@ -417,7 +395,7 @@ class Paths:
         else:
             names = set(kernels_only)
             self._keep = lambda k: k.name in names or repr(k) in names
-        self.cost = _cost_model(store, cost_model)
+        self.cost = cost_model if cost_model is not None else CostModel(store=store)
         self._switch = getattr(self.cost, "switch", None)  # None: no switch penalties
         self._estimates: dict = {}
         self._best_variants: dict = {}
@@ -427,8 +405,6 @@ class Paths:
 
     # -- building ---------------------------------------------------------------------------
     def _load_pattern_kernels(self) -> list[Kernel]:
-        from ..backends import patterns as _patterns  # noqa: F401 - registers them
-
         for b in self.backends:
             load_backend(b)
         return [k for k in all_kernels() if k.pattern is not None and k.backend in self.backends
@@ -444,15 +420,11 @@ class Paths:
                     opts.append(Option("kernel", b, k))
         sub = None
         if eqn.primitive.decomposition is not None and (self.decompose or not opts):
-            from ..transforms.decompose import decomposition_graph
-
             sub = Level(decomposition_graph(eqn), self, depth + 1)
             opts.append(Option("decomposition"))
         return Unit(eqn, opts, sub, (index,), index)
 
     def _pattern_units(self, graph: Graph) -> list[Unit]:
-        from ..graph.pattern import find_pattern
-
         by_pattern: dict[int, list[Kernel]] = {}
         for k in self._pattern_kernels:
             by_pattern.setdefault(id(k.pattern), []).append(k)
@@ -498,7 +470,7 @@ class Paths:
 
     # -- the decision process ---------------------------------------------------------------
     def _start(self) -> _State:
-        loc = {v.id: (HOST,) for v in (*self.graph.invars, *self.graph.constvars)}
+        loc = {v.id: (self.host,) for v in (*self.graph.invars, *self.graph.constvars)}
         st = _State((_Frame(self.root, None, None, 0, None),), {}, loc)
         return self._advance(st)
 
@@ -536,10 +508,10 @@ class Paths:
             if isinstance(k, Literal) or k in seen:
                 continue
             seen.add(k)
-            locs = st.loc.get(k, (HOST,))
-            if HOST not in locs:
-                est = self.transfer_estimate(_aval_of_key(v), locs[0], HOST)
-                final.append((v.aval, locs[0], HOST, est))
+            locs = st.loc.get(k, (self.host,))
+            if self.host not in locs:
+                est = self.transfer_estimate(_aval_of_key(v), locs[0], self.host)
+                final.append((v.aval, locs[0], self.host, est))
                 st.cost += est.seconds
                 st.ntransfers += 1
         st.final = tuple(final)
@@ -593,8 +565,8 @@ class Paths:
             if isinstance(k, Literal) or k in seen:
                 continue
             seen.add(k)
-            locs = st.loc.get(k, (HOST,))
-            if b not in locs:
+            locs = st.loc.get(k, (self.host,))
+            if copy_source(locs, b) is not None:
                 out.append((k, a.aval, locs))
         return out
 
@@ -615,7 +587,7 @@ class Paths:
             for sv, a in zip(sub.graph.invars, u.ins):
                 st.alias[sv.id] = self._key(st, a)
             for cv in sub.graph.constvars:
-                st.loc[cv.id] = (HOST,)
+                st.loc[cv.id] = (self.host,)
             st.frames = st.frames + (_Frame(sub, None, None, 0, u),)
             st.history = (("push", u, sub), st.history)
             return self._advance(st)
@@ -830,7 +802,7 @@ class Paths:
                     parts.append(None)
                 else:
                     j = first.setdefault(k, i)
-                    locs = loc.get(k, (HOST,))
+                    locs = loc.get(k, (self.host,))
                     held = interned.get(locs)
                     if held is None:
                         held = interned[locs] = frozenset(locs)
@@ -869,7 +841,7 @@ class Paths:
 
     def __iter__(self) -> Iterator[PathPlan]:
         for st in self._walk():
-            yield PathPlan(self, st)
+            yield self.plan_type(self, st)
 
     def _signature(self, st: _State) -> tuple:
         """What the rest of the search depends on: where the walk is, and where every value
@@ -916,7 +888,7 @@ class Paths:
             entry = heapq.heappop(heap)
             st = entry[3]
             if st.done:
-                yield PathPlan(self, st)
+                yield self.plan_type(self, st)
                 yielded += 1
                 for e in parked:
                     heapq.heappush(heap, e)
@@ -943,8 +915,6 @@ class Paths:
     def plan_from_tokens(self, tokens: list) -> PathPlan:
         """Replay saved decisions (`PathPlan.tokens()`); raises `SerializationError` when a
         kernel is missing or its source hash changed."""
-        from ..serialize import SerializationError
-
         st = self._start()
         for t in tokens:
             if st.done:
@@ -976,33 +946,7 @@ class Paths:
                 raise SerializationError("saved plan exceeds max_transfers")
         if not st.done:
             raise SerializationError("saved plan stops before every equation has a choice")
-        return PathPlan(self, st)
-
-    def measured(self, store=None) -> list[tuple[float, PathPlan]]:
-        """(median seconds, plan) of every plan of this graph profiled into `store` (PASSED
-        traces of GRAPH_RECIPE implementations), fastest first: ranking by measurement."""
-        from ..graph import structural_hash
-        from ..serialize import SerializationError, plan_from_bytes
-
-        store = _store(store if store is not None else self.store)
-        gh = structural_hash(self.graph)
-        best: dict[str, float] = {}
-        for t in store.traces(graph_hash=gh, status="PASSED"):
-            if t.get("median_s") is not None:
-                best[t["impl"]] = min(best.get(t["impl"], math.inf), t["median_s"])
-        out = []
-        for impl, s in best.items():
-            rec = store.get_implementation(impl)
-            if rec is None or rec["kind"] != "GRAPH_RECIPE" or not rec["payload"]:
-                continue
-            try:
-                plan = plan_from_bytes(rec["payload"], cost_model=self.cost)
-            except SerializationError:
-                continue
-            plan.measured_s = s
-            out.append((s, plan))
-        out.sort(key=lambda t: t[0])
-        return out
+        return self.plan_type(self, st)
 
     def __repr__(self) -> str:
         return (f"<tgx.Paths of {self.name}: {len(self.graph.eqns)} equations, backends "
@@ -1062,9 +1006,6 @@ def _lower_bounds(level: Level, paths: Paths) -> float:
 
 def _fused_eqn(graph: Graph, match, name: str) -> Eqn:
     """A `fused` equation standing for the matched equations (body: those equations)."""
-    from ..primitives.fused import fused_p
-    from ..tracing import GraphBuilder
-
     consts = {v.id: c for v, c in zip(graph.constvars, graph.consts)}
     with GraphBuilder() as b:
         args, env = [], {}
@@ -1097,8 +1038,8 @@ def _fused_eqn(graph: Graph, match, name: str) -> Eqn:
 class PathPlan:
     """One path: its steps (kernels with estimates and implied transfers) and predicted cost.
 
-    `summary()` prints a table; `run(*args)` lowers it through rebackend/lower and runs it;
-    `profile(*args, store=)` measures it into the store; `save(store)` stores it.
+    `summary()` prints a table; `assignment()` is the hand-off to lowering (`tgx.paths`'
+    plans also `run`, `profile` and `save`; see `tgx.explore`).
     """
 
     def __init__(self, paths: Paths, state: _State):
@@ -1115,7 +1056,7 @@ class PathPlan:
         self._plan = None
 
     def tokens(self) -> list[dict]:
-        """The decisions, in order (what `plan_to_bytes` stores)."""
+        """The decisions, in order (stored with the plan's assignment)."""
         return [e[1] for e in self._events if e[0] == "token"]
 
     @property
@@ -1167,15 +1108,13 @@ class PathPlan:
         return (f"<PathPlan {len(self.steps)} kernels on {', '.join(self.backends())}, "
                 f"{self.ntransfers} transfers, predicted {_fmt_s(self.cost)}>")
 
-    # -- lowering ---------------------------------------------------------------------------
-    def realize(self) -> tuple[Graph, list, list]:
-        """The plan's graph (decompositions expanded, patterns as `fused` equations) with the
-        backend and kernel of each equation."""
-        from ..primitives.fused import fused_p
-        from ..tracing import GraphBuilder
-
+    # -- the hand-off ------------------------------------------------------------------------
+    def assignment(self) -> Assignment:
+        """The plan as an `Assignment`: its graph (decompositions expanded, patterns as
+        `fused` equations) with the backend, kernel and estimate of each equation, and its
+        decisions (`tokens`) in `meta`, so a stored plan can be replayed here."""
         g = self.paths.graph
-        backends, kernels = [], []
+        backends, kernels, estimates = [], [], []
         with GraphBuilder() as b:
             args = [b.new_arg(v.aval, v.hint) for v in g.invars]
             env: dict[int, Any] = {v.id: t for v, t in zip(g.invars, args)}
@@ -1213,120 +1152,12 @@ class PathPlan:
                     for v, o in zip(u.outs, outs):
                         env[v.id] = o
                     backends.append(s.option.backend)
-                    kernels.append(_pattern_callable(s.option.kernel)
-                                   if s.option.kind == "pattern" else s.option.kernel)
+                    kernels.append(s.option.kernel)
+                    estimates.append(s.estimate)
             outs = [read(v) for v in g.outvars]
             rg = b.build([t.variable for t in args], outs, g.in_tree, g.out_tree)
-        return rg, backends, kernels
-
-    def lower(self):
-        """The `tgx.compiler.Plan` running this path (built once)."""
-        if self._plan is None:
-            from ..compiler import Plan
-            from ..lowering.lower import lower
-            from ..lowering.rebackend import rebackend
-
-            rg, backends, kernels = self.realize()
-            bg = rebackend(rg, backends, outputs=HOST)
-            it = iter(kernels)
-            ks = []
-            for e, be in zip(bg.eqns, bg.backends):
-                if e.primitive.name == "copy_to":
-                    ks.append(accepted_kernels(e, be)[0])
-                else:
-                    ks.append(next(it))
-            cg = lower(bg, ks)
-            self._plan = Plan(rg, bg, ks, cg, "paths")
-        return self._plan
-
-    def run(self, *args, **kwargs):
-        """Run the plan on arguments shaped like the traced function's."""
-        return self.lower().run(*args, **kwargs)
-
-    __call__ = run
-
-    def reference(self, *args, **kwargs):
-        """The reference evaluator's result on the same arguments (for checking)."""
-        from ..transforms.evaluate import eval_graph
-
-        return eval_graph(self.paths.graph, *args, **kwargs)
-
-    # -- store ------------------------------------------------------------------------------
-    def save(self, store=None) -> str:
-        """Store the plan as a GRAPH_RECIPE implementation (and its graph); returns the key."""
-        import hashlib
-
-        from ..graph import structural_hash
-        from ..serialize import graph_to_bytes, plan_to_bytes
-
-        store = _store(store if store is not None else self.paths.store)
-        g = self.paths.graph
-        gh = store.add_graph(structural_hash(g), self.paths.name, graph_to_bytes(g))
-        payload = plan_to_bytes(self)
-        import msgpack
-
-        digest = hashlib.sha256(msgpack.packb([gh, self.tokens()])).hexdigest()
-        bs = self.backends()
-        return store.add_implementation("GRAPH_RECIPE", f"{self.paths.name}-path",
-                                        bs[0] if len(bs) == 1 else "+".join(bs), digest,
-                                        {"kernels": len(self.steps),
-                                         "transfers": self.ntransfers}, payload)
-
-    def profile(self, *args, store=None, **measure_kw) -> dict:
-        """Time the plan (checked against the reference evaluator) and record a trace for its
-        GRAPH_RECIPE implementation in `store` (default: `$TGX_STORE`); returns the record."""
-        from ..graph import structural_hash
-        from ..transforms.evaluate import bind_dims
-        from ..profiling import input_descriptors, profile
-        from ..tracing import tree_flatten
-
-        store = _store(store if store is not None else self.paths.store)
-        plan = self.lower()
-        g = self.paths.graph
-        leaves, _ = tree_flatten((args, {}))
-        impl = self.save(store)
-        gh = structural_hash(g)
-        try:
-            env = bind_dims(g.in_avals, leaves)
-            axes = {str(k): int(v) for k, v in env.items()}
-        except Exception:
-            axes = {}
-        workload = store.add_workload(gh, axes, input_descriptors(leaves))
-        from ..transforms.evaluate import eval_graph_flat
-
-        golden = eval_graph_flat(g, leaves)
-        golden = golden[0] if len(golden) == 1 else golden
-
-        def run(*xs):
-            outs = plan.compiled.run_flat(list(xs))
-            return outs[0] if len(outs) == 1 else outs
-
-        measure_kw.setdefault("budget_s", 0.05)
-        rec = profile(run, leaves, golden=golden, store=store, graph_hash=gh, impl=impl,
-                      workload=workload, **measure_kw)
-        if rec.get("median_s") is not None and rec.get("status") == "PASSED":
-            self.measured_s = rec["median_s"]
-        return rec
-
-
-def _pattern_callable(kernel: Kernel) -> Kernel:
-    """The pattern kernel as the `fused` equation's kernel (the body's params are dropped)."""
-    import dataclasses
-
-    fn = kernel.fn
-
-    def run(*xs, graph=None, name=None):
-        return fn(*xs)
-
-    return dataclasses.replace(kernel, fn=run, specialize=None)
-
-
-def _store(store):
-    if store is None or isinstance(store, str):
-        from ..store import BenchmarkStore
-
-        return BenchmarkStore(store)
-    return store
+        return Assignment(rg, tuple(backends), tuple(kernels), tuple(estimates), self.cost,
+                          dict(self.paths.dims), "paths", {"tokens": self.tokens()})
 
 
 def _fmt_s(s: float | None) -> str:
@@ -1339,35 +1170,4 @@ def _fmt_s(s: float | None) -> str:
     return f"{s:.2f} s"
 
 
-def paths(fn, **options):
-    """`tgx.paths(fn)(*args_or_specs, backends=None, store=None, ...)`: the `Paths` of `fn`
-    traced on those arguments (arrays, pytrees of arrays, or `tgx.Spec`s).
-
-    Options (given to either call): `backends`, `store`, `dims` (values of symbolic dims for
-    costing, default 64), `max_transfers`, `decompose`, `patterns`, `kernels_only`,
-    `cost_model` (an object with `kernel(eqn, kernel, dims)` and `transfer(aval, src, dst,
-    dims)`, and optionally `switch(src, dst)`: seconds ≥ 0 per backend switch).
-
-    >>> import tgx, tgx.numpy as tnp
-    >>> tgx.paths(lambda x: tnp.exp(x))(tgx.Spec((4,)), backends=["numpy"]).count()
-    2
-    """
-    if isinstance(fn, Graph):
-        return Paths(fn, **options)
-    inner = getattr(fn, "fn", fn)  # a tgx.compile'd function: trace the Python function
-    keys = ("backends", "store", "dims", "max_transfers", "decompose", "patterns",
-            "kernels_only", "cost_model", "name")
-
-    def trace(*args, **kwargs):
-        from ..tracing import make_graph
-
-        opts = dict(options)
-        opts.update({k: kwargs.pop(k) for k in keys if k in kwargs})
-        opts.setdefault("name", getattr(inner, "__name__", "graph"))
-        g = make_graph(inner)(*args, **kwargs)
-        return Paths(g, **opts)
-
-    return trace
-
-
-__all__ = ["Option", "PathPlan", "Paths", "Step", "paths"]
+Paths.plan_type = PathPlan

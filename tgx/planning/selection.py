@@ -30,14 +30,18 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import numpy as np
 
+from ..backends import host_name
 from ..core import Graph, Literal
 from ..errors import KernelError, TgxError
+from ..transforms.decompose import decomposition_graph
+from ..transforms.rewrite import eval_into, rebind, transform_graph
+from .assignment import Assignment
 from .candidates import accepted_kernels
 from .cost_model import CostModel, Estimate
 
-HOST = "numpy"
 # Above this many DP states per step (live values x backends x copies) the exact frontier DP
 # gives way to DP + local improvement.
 MAX_STATES = 300
@@ -99,8 +103,6 @@ def check_tolerance(graph: Graph, tolerance: float | None) -> None:
             if dt in seen or not np.issubdtype(dt, np.floating) and dt.name != "bfloat16":
                 continue
             seen.add(dt)
-            import ml_dtypes
-
             eps = float(ml_dtypes.finfo(dt).eps) / 2
             if tolerance < eps:
                 raise TgxError(f"tolerance {tolerance:g} cannot be met by {dt.name} results "
@@ -152,8 +154,6 @@ class _Selector:
         return out
 
     def _sub_graph(self, eqn):
-        from ..transforms.decompose import decomposition_graph
-
         key = _eqn_key(eqn)
         if key not in self._subs:
             self._subs[key] = decomposition_graph(eqn)
@@ -383,8 +383,9 @@ class _Selector:
                     changed |= best != cur
         return changed
 
-    def solve(self, graph: Graph, home: str = HOST, depth: int = 0,
+    def solve(self, graph: Graph, home: str | None = None, depth: int = 0,
               brute: bool = False) -> Selection:
+        home = home or host_name()
         saved = getattr(self, "graph", None), getattr(self, "home", None), \
             getattr(self, "opts", None), getattr(self, "producer", None), \
             getattr(self, "consumers", None), getattr(self, "outs", None), \
@@ -425,11 +426,9 @@ def select_brute_force(graph: Graph, backends, cost_model: CostModel, dims: dict
     return _Selector(backends, cost_model, dict(dims or {})).solve(graph, brute=True)
 
 
-def realize(selection: Selection) -> tuple[Graph, list[str], list, list[Estimate]]:
-    """The graph with chosen decompositions expanded, and per equation its backend, kernel
-    and estimate."""
-    from ..transforms.rewrite import eval_into, rebind, transform_graph
-
+def realize(selection: Selection, by: str = "fastest") -> Assignment:
+    """The `Assignment` of a selection: its graph with the chosen decompositions expanded,
+    and per equation the chosen backend, kernel and estimate."""
     table: dict[int, Choice] = {}
 
     def fill(sel: Selection) -> None:
@@ -451,5 +450,6 @@ def realize(selection: Selection) -> tuple[Graph, list[str], list, list[Estimate
     g = transform_graph(selection.graph, rule)
     if len(emitted) != len(g.eqns):
         raise TgxError(f"realize: {len(g.eqns)} equations emitted for {len(emitted)} choices")
-    return (g, [c.backend for c in emitted], [c.kernel for c in emitted],
-            [c.estimate for c in emitted])
+    return Assignment(g, tuple(c.backend for c in emitted), tuple(c.kernel for c in emitted),
+                      tuple(c.estimate for c in emitted), selection.total,
+                      dict(selection.dims), by)

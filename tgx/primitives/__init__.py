@@ -1,7 +1,11 @@
 """Every primitive, one file per family; importing this package registers them all.
 
-Atomic families first (elementwise, reductions, movement, linalg), then the composites whose
-decompositions are written over them. `P.<name>_p` reaches any primitive.
+The imports form a plain DAG, in this order: the atomic families (elementwise, reductions,
+movement, linalg); `ops`, the lax-level binders of atomic primitives; then the composite
+families, each after the families whose binders its decompositions use (activations after
+math; rnn after activations; losses after activations, math and reduce_composite; norms
+after math and reduce_composite). No family imports `tgx.numpy` or anything above it.
+`P.<name>_p` reaches any primitive.
 """
 
 from . import elementwise, linalg, movement, reductions  # noqa: F401
@@ -9,12 +13,12 @@ from .elementwise import *  # noqa: F401,F403
 from .linalg import dot_general_p  # noqa: F401
 from .movement import *  # noqa: F401,F403
 from .reductions import *  # noqa: F401,F403
-from . import activations, math, random, reduce_composite, rnn, tensor  # noqa: F401,E402
-from .activations import *  # noqa: F401,F403,E402
-from .math import *  # noqa: F401,F403,E402
-from .random import *  # noqa: F401,F403,E402
-from .reduce_composite import *  # noqa: F401,F403,E402
-from .rnn import *  # noqa: F401,F403,E402
-from .tensor import *  # noqa: F401,F403,E402
-# These import tgx.numpy at module level, which needs every primitive above.
-from . import attention, conv, fused, layers, losses, norms  # noqa: F401,E402
+from . import ops  # noqa: F401
+from . import math, reduce_composite, tensor, activations, random, rnn  # noqa: F401
+from . import losses, norms, attention, layers, conv, fused  # noqa: F401
+from .activations import *  # noqa: F401,F403
+from .math import *  # noqa: F401,F403
+from .random import *  # noqa: F401,F403
+from .reduce_composite import *  # noqa: F401,F403
+from .rnn import *  # noqa: F401,F403
+from .tensor import *  # noqa: F401,F403

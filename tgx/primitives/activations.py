@@ -1,7 +1,9 @@
 """Activation composites (elementwise) and the softmax family (over one axis / several axes).
 
 Every decomposition is overflow-free at |x| = 1e4: sigmoid and softplus go through exp(-|x|),
-tanh through expm1(-2|x|), and the softmax family subtracts the maximum first.
+tanh through expm1(-2|x|), and the softmax family subtracts the maximum first. `softmax` and
+`log_softmax` bind their composites over one axis (for other families' decompositions and for
+`tgx.nn`).
 """
 
 from __future__ import annotations
@@ -11,15 +13,10 @@ import scipy.special
 
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
-from ..shapes import ShapedArray, is_float
+from ..shapes import ShapedArray, canonicalize_axis, is_float
+from . import ops
 from .elementwise import _lowp
 from .math import abs_p, composite_unop, expm1_p, log1p_p, tanh_p
-
-
-def _tnp():
-    from .. import numpy as tnp
-
-    return tnp
 
 
 def _act(name, ref):
@@ -35,8 +32,7 @@ relu_p = _act("relu", lambda x: np.maximum(x, 0))
 
 @relu_p.def_decomposition
 def _relu_decomp(x):
-    tnp = _tnp()
-    return tnp.maximum(x, tnp.zeros_like(x))
+    return ops.maximum(x, ops.zeros_like(x))
 
 
 leaky_relu_p = _act("leaky_relu", lambda x, *, negative_slope: np.where(
@@ -45,8 +41,7 @@ leaky_relu_p = _act("leaky_relu", lambda x, *, negative_slope: np.where(
 
 @leaky_relu_p.def_decomposition
 def _leaky_relu_decomp(x, *, negative_slope):
-    tnp = _tnp()
-    return tnp.where(tnp.greater_equal(x, 0), x, tnp.multiply(x, negative_slope))
+    return ops.where(ops.greater_equal(x, 0), x, ops.multiply(x, negative_slope))
 
 
 def _elu_ref(x, *, alpha):
@@ -57,9 +52,8 @@ elu_p = _act("elu", _elu_ref)
 
 
 def _elu(x, alpha):
-    tnp = _tnp()
-    neg = tnp.multiply(expm1_p.bind(tnp.minimum(x, tnp.zeros_like(x))), alpha)
-    return tnp.where(tnp.greater(x, 0), x, neg)
+    neg = ops.multiply(expm1_p.bind(ops.minimum(x, ops.zeros_like(x))), alpha)
+    return ops.where(ops.greater(x, 0), x, neg)
 
 
 @elu_p.def_decomposition
@@ -75,7 +69,7 @@ selu_p = _act("selu", lambda x: SELU_SCALE * _elu_ref(x, alpha=SELU_ALPHA))
 
 @selu_p.def_decomposition
 def _selu_decomp(x):
-    return _tnp().multiply(_elu(x, SELU_ALPHA), SELU_SCALE)
+    return ops.multiply(_elu(x, SELU_ALPHA), SELU_SCALE)
 
 
 celu_p = _act("celu", lambda x, *, alpha: np.maximum(x, 0) + np.minimum(
@@ -84,10 +78,9 @@ celu_p = _act("celu", lambda x, *, alpha: np.maximum(x, 0) + np.minimum(
 
 @celu_p.def_decomposition
 def _celu_decomp(x, *, alpha):
-    tnp = _tnp()
-    zero = tnp.zeros_like(x)
-    neg = tnp.multiply(expm1_p.bind(tnp.divide(tnp.minimum(x, zero), alpha)), alpha)
-    return tnp.add(tnp.maximum(x, zero), tnp.minimum(neg, zero))
+    zero = ops.zeros_like(x)
+    neg = ops.multiply(expm1_p.bind(ops.divide(ops.minimum(x, zero), alpha)), alpha)
+    return ops.add(ops.maximum(x, zero), ops.minimum(neg, zero))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,14 +101,13 @@ gelu_p = _act("gelu", _gelu_ref)
 
 @gelu_p.def_decomposition
 def _gelu_decomp(x, *, approximate):
-    tnp = _tnp()
     if approximate == "tanh":
-        inner = tnp.multiply(tnp.add(x, tnp.multiply(tnp.multiply(tnp.multiply(x, x), x),
+        inner = ops.multiply(ops.add(x, ops.multiply(ops.multiply(ops.multiply(x, x), x),
                                                      0.044715)), _GELU_C)
         t = tanh_p.bind(inner)
     else:
-        t = tnp.erf(tnp.multiply(x, float(1 / np.sqrt(2.0))))
-    return tnp.multiply(tnp.multiply(x, 0.5), tnp.add(t, 1))
+        t = ops.erf(ops.multiply(x, float(1 / np.sqrt(2.0))))
+    return ops.multiply(ops.multiply(x, 0.5), ops.add(t, 1))
 
 
 def _sigmoid_ref(x):
@@ -127,10 +119,9 @@ sigmoid_p = _act("sigmoid", _sigmoid_ref)
 
 def _sigmoid(x):
     # e = exp(-|x|) <= 1: 1 / (1 + e) for x >= 0, e / (1 + e) for x < 0.
-    tnp = _tnp()
-    e = tnp.exp(tnp.negative(abs_p.bind(x)))
-    d = tnp.add(e, 1)
-    return tnp.where(tnp.greater_equal(x, 0), tnp.divide(1, d), tnp.divide(e, d))
+    e = ops.exp(ops.negative(abs_p.bind(x)))
+    d = ops.add(e, 1)
+    return ops.where(ops.greater_equal(x, 0), ops.divide(1, d), ops.divide(e, d))
 
 
 @sigmoid_p.def_decomposition
@@ -143,7 +134,7 @@ silu_p = _act("silu", lambda x: x * scipy.special.expit(x))
 
 @silu_p.def_decomposition
 def _silu_decomp(x):
-    return _tnp().multiply(x, sigmoid_p.bind(x))
+    return ops.multiply(x, sigmoid_p.bind(x))
 
 
 def _softplus_ref(x, *, beta, threshold):
@@ -158,13 +149,12 @@ softplus_p = _act("softplus", _softplus_ref)
 @softplus_p.def_decomposition
 def _softplus_decomp(x, *, beta, threshold):
     # log(1 + e^bx) = log1p(e^-|bx|) + max(bx, 0); linear above `threshold` (torch).
-    tnp = _tnp()
-    bx = tnp.multiply(x, beta) if beta != 1 else x
-    soft = tnp.add(log1p_p.bind(tnp.exp(tnp.negative(abs_p.bind(bx)))),
-                   tnp.maximum(bx, tnp.zeros_like(bx)))
+    bx = ops.multiply(x, beta) if beta != 1 else x
+    soft = ops.add(log1p_p.bind(ops.exp(ops.negative(abs_p.bind(bx)))),
+                   ops.maximum(bx, ops.zeros_like(bx)))
     if beta != 1:
-        soft = tnp.divide(soft, beta)
-    return tnp.where(tnp.greater(bx, threshold), x, soft)
+        soft = ops.divide(soft, beta)
+    return ops.where(ops.greater(bx, threshold), x, soft)
 
 
 hardtanh_p = _act("hardtanh", lambda x, *, min_val, max_val: np.clip(x, min_val, max_val))
@@ -172,8 +162,7 @@ hardtanh_p = _act("hardtanh", lambda x, *, min_val, max_val: np.clip(x, min_val,
 
 @hardtanh_p.def_decomposition
 def _hardtanh_decomp(x, *, min_val, max_val):
-    tnp = _tnp()
-    return tnp.minimum(tnp.maximum(x, min_val), max_val)
+    return ops.minimum(ops.maximum(x, min_val), max_val)
 
 
 hardswish_p = _act("hardswish", lambda x: x * np.clip(x + 3, 0, 6) / 6)
@@ -181,9 +170,8 @@ hardswish_p = _act("hardswish", lambda x: x * np.clip(x + 3, 0, 6) / 6)
 
 @hardswish_p.def_decomposition
 def _hardswish_decomp(x):
-    tnp = _tnp()
-    r6 = tnp.minimum(tnp.maximum(tnp.add(x, 3), 0), 6)
-    return tnp.divide(tnp.multiply(x, r6), 6)
+    r6 = ops.minimum(ops.maximum(ops.add(x, 3), 0), 6)
+    return ops.divide(ops.multiply(x, r6), 6)
 
 
 ACTIVATIONS = [relu_p, leaky_relu_p, elu_p, selu_p, celu_p, gelu_p, sigmoid_p, silu_p,
@@ -229,27 +217,48 @@ log_softmax_p.def_shape(_softmax_shape("log_softmax"))
 log_softmax_p.def_impl(_lowp(_log_softmax_ref))
 
 
+def _axis(x, axis: int, op: str) -> int:
+    nd = ops.ndim(x)
+    return canonicalize_axis(axis, max(nd, 1), op) if nd else 0  # a 0-d x: axis 0
+
+
+def softmax(x, axis: int = -1):
+    """exp(x) / sum(exp(x)) along `axis` of a floating `x` (composite `softmax`).
+
+    >>> softmax(np.array([0.0, 0.0], np.float32))
+    array([0.5, 0.5], dtype=float32)
+    """
+    return softmax_p.bind(x, axis=_axis(x, axis, "softmax"))
+
+
+def log_softmax(x, axis: int = -1):
+    """x - logsumexp(x) along `axis` of a floating `x` (composite `log_softmax`).
+
+    >>> log_softmax(np.array([[0.0], [1.0]], np.float32), axis=0).round(4)
+    array([[-1.3133],
+           [-0.3133]], dtype=float32)
+    """
+    return log_softmax_p.bind(x, axis=_axis(x, axis, "log_softmax"))
+
+
 def _shifted(x, axis):
-    tnp = _tnp()
-    return tnp.subtract(x, tnp.max(x, axis=axis, keepdims=True))
+    return ops.subtract(x, ops.max(x, axis=axis, keepdims=True))
 
 
 @softmax_p.def_decomposition
 def _softmax_decomp(x, *, axis):
-    tnp = _tnp()
-    if tnp.ndim(x) == 0:
-        return tnp.ones_like(x)
-    e = tnp.exp(_shifted(x, axis))
-    return tnp.divide(e, tnp.sum(e, axis=axis, keepdims=True))
+    if ops.ndim(x) == 0:
+        return ops.ones_like(x)
+    e = ops.exp(_shifted(x, axis))
+    return ops.divide(e, ops.sum(e, axis=axis, keepdims=True))
 
 
 @log_softmax_p.def_decomposition
 def _log_softmax_decomp(x, *, axis):
-    tnp = _tnp()
-    if tnp.ndim(x) == 0:
-        return tnp.zeros_like(x)
+    if ops.ndim(x) == 0:
+        return ops.zeros_like(x)
     s = _shifted(x, axis)
-    return tnp.subtract(s, tnp.log(tnp.sum(tnp.exp(s), axis=axis, keepdims=True)))
+    return ops.subtract(s, ops.log(ops.sum(ops.exp(s), axis=axis, keepdims=True)))
 
 
 logsumexp_p = Primitive("logsumexp", family="softmax")
@@ -274,16 +283,15 @@ logsumexp_p.def_impl(_lowp(_logsumexp_ref))
 def _logsumexp_decomp(x, *, axes, keepdims):
     # m + log(sum(exp(x - m))); an infinite m (all -inf, or some +inf) is replaced by 0 in the
     # shift so that no inf - inf appears, and added back afterwards.
-    tnp = _tnp()
     if not axes:
         return x
-    m = tnp.max(x, axis=axes, keepdims=True)
-    finite = tnp.less(abs_p.bind(m), np.inf)
-    shift = tnp.where(finite, m, tnp.zeros_like(m))
-    s = tnp.log(tnp.sum(tnp.exp(tnp.subtract(x, shift)), axis=axes, keepdims=True))
-    out = tnp.add(s, shift)
+    m = ops.max(x, axis=axes, keepdims=True)
+    finite = ops.less(abs_p.bind(m), np.inf)
+    shift = ops.where(finite, m, ops.zeros_like(m))
+    s = ops.log(ops.sum(ops.exp(ops.subtract(x, shift)), axis=axes, keepdims=True))
+    out = ops.add(s, shift)
     if not keepdims:
-        out = tnp.squeeze(out, axes)
+        out = ops.squeeze(out, axes)
     return out
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import numpy as tnp
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import (
     ShapedArray, bfloat16, bool_, broadcast_shapes, dim_div, dim_eq, dim_str, float16, float32,
     is_float,
 )
+from . import ops
 
 sdpa_p = Primitive("scaled_dot_product_attention", family="attention")
 
@@ -92,38 +92,38 @@ def _sdpa_impl(q, k, v, *mask, has_mask, is_causal, scale, enable_gqa):
 
 def _repeat_heads(x, reps):
     """repeat_interleave along axis -3 via broadcast + reshape."""
-    a = tnp._aval(x)
+    a = ops._aval(x)
     h = a.shape[-3]
-    x = tnp.expand_dims(x, a.ndim - 2)
-    x = tnp.broadcast_to(x, a.shape[:-2] + (reps,) + a.shape[-2:])
-    return tnp.reshape(x, a.shape[:-3] + (h * reps,) + a.shape[-2:])
+    x = ops.expand_dims(x, a.ndim - 2)
+    x = ops.broadcast_to(x, a.shape[:-2] + (reps,) + a.shape[-2:])
+    return ops.reshape(x, a.shape[:-3] + (h * reps,) + a.shape[-2:])
 
 
 def _safe_softmax(s):
     """Softmax over the last axis with max subtraction; an all -inf row gives zeros."""
-    m = tnp.max(s, axis=-1, keepdims=True)
-    m = tnp.where(tnp.equal(m, -np.inf), 0, m)
-    e = tnp.exp(tnp.subtract(s, m))
-    den = tnp.sum(e, axis=-1, keepdims=True)
-    return tnp.divide(e, tnp.where(tnp.equal(den, 0), 1, den))
+    m = ops.max(s, axis=-1, keepdims=True)
+    m = ops.where(ops.equal(m, -np.inf), 0, m)
+    e = ops.exp(ops.subtract(s, m))
+    den = ops.sum(e, axis=-1, keepdims=True)
+    return ops.divide(e, ops.where(ops.equal(den, 0), 1, den))
 
 
 @sdpa_p.def_decomposition
 def _sdpa_decomp(q, k, v, *mask, has_mask, is_causal, scale, enable_gqa):
-    dt = tnp._aval(q).dtype
-    _, reps = _batch_shapes(tnp._aval(q), tnp._aval(k), tnp._aval(v), enable_gqa)
-    up = (lambda x: tnp.astype(x, float32)) if dt in (float16, bfloat16) else (lambda x: x)
+    dt = ops._aval(q).dtype
+    _, reps = _batch_shapes(ops._aval(q), ops._aval(k), ops._aval(v), enable_gqa)
+    up = (lambda x: ops.astype(x, float32)) if dt in (float16, bfloat16) else (lambda x: x)
     q, k, v = up(q), up(k), up(v)
     if reps != 1:
         k, v = _repeat_heads(k, reps), _repeat_heads(v, reps)
-    s = tnp.multiply(tnp.matmul(q, tnp.swapaxes(k, -1, -2)), scale)
-    L, S = tnp._aval(s).shape[-2:]
+    s = ops.multiply(ops.matmul(q, ops.swapaxes(k, -1, -2)), scale)
+    L, S = ops._aval(s).shape[-2:]
     if is_causal:
-        s = tnp.where(tnp.tri(L, S, dtype=bool_), s, -np.inf)
+        s = ops.where(ops.tri(L, S, dtype=bool_), s, -np.inf)
     if has_mask:
         m = mask[0]
-        s = tnp.where(m, s, -np.inf) if tnp._aval(m).dtype == bool_ else tnp.add(s, up(m))
-    return tnp.astype(tnp.matmul(_safe_softmax(s), v), dt)
+        s = ops.where(m, s, -np.inf) if ops._aval(m).dtype == bool_ else ops.add(s, up(m))
+    return ops.astype(ops.matmul(_safe_softmax(s), v), dt)
 
 
 ATTENTION = [sdpa_p]

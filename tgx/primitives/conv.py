@@ -21,7 +21,6 @@ import itertools
 import numpy as np
 import sympy
 
-from .. import numpy as tnp
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import (
@@ -29,12 +28,13 @@ from ..shapes import (
     prod, shape_str,
 )
 from . import movement as M
+from . import ops
 from .linalg import dot_general_p
 
 
 def _up(x):
-    dt = tnp._aval(x).dtype
-    return tnp.astype(x, float32) if dt in (float16, bfloat16) else x
+    dt = ops._aval(x).dtype
+    return ops.astype(x, float32) if dt in (float16, bfloat16) else x
 
 
 def _window_count(size, lo, hi, k, s, d, op):
@@ -55,7 +55,7 @@ def _window_count(size, lo, hi, k, s, d, op):
 def _strided_windows(x, first_axis, kernel, stride, dilation, out):
     """For each kernel offset, `x` sliced to the window starts: (..., *out) along the spatial
     axes starting at `first_axis`."""
-    a = tnp._aval(x)
+    a = ops._aval(x)
     for off in itertools.product(*[range(k) for k in kernel]):
         start, limit, strides = [0] * a.ndim, list(a.shape), [1] * a.ndim
         for i, (o, j) in enumerate(zip(out, off)):
@@ -68,12 +68,12 @@ def _strided_windows(x, first_axis, kernel, stride, dilation, out):
 
 
 def _pad_value(x, v):
-    return np.asarray(v, dtype=tnp._aval(x).dtype)
+    return np.asarray(v, dtype=ops._aval(x).dtype)
 
 
 def _pad(x, first_axis, pads, value, interior=None):
     """`pad` on the axes from `first_axis` with (lo, hi) pairs (negative crops)."""
-    a = tnp._aval(x)
+    a = ops._aval(x)
     n = len(pads)
     interior = interior or (0,) * n
     cfg = ((0, 0, 0),) * first_axis + tuple((int(lo), int(hi), int(it)) for (lo, hi), it
@@ -144,9 +144,9 @@ def _conv_impl(x, w, *b, stride, padding, dilation, groups):
 
 @conv_p.def_decomposition
 def _conv_decomp(x, w, *b, stride, padding, dilation, groups):
-    dt = tnp._aval(x).dtype
+    dt = ops._aval(x).dtype
     x, w = _up(x), _up(w)
-    xa, wa = tnp._aval(x), tnp._aval(w)
+    xa, wa = ops._aval(x), ops._aval(w)
     n = wa.ndim - 2
     N, C, O, kernel = xa.shape[0], xa.shape[1], wa.shape[0], wa.shape[2:]
     x = _pad(x, 2, padding, 0)
@@ -154,17 +154,17 @@ def _conv_decomp(x, w, *b, stride, padding, dilation, groups):
                       groups=groups).shape[2:]
     K = prod(kernel)
     cg, og = dim_div(C, groups, "conv"), dim_div(O, groups, "conv")
-    windows = [tnp.expand_dims(s, 2) for s in _strided_windows(x, 2, kernel, stride, dilation,
+    windows = [ops.expand_dims(s, 2) for s in _strided_windows(x, 2, kernel, stride, dilation,
                                                               out)]
-    cols = tnp.concatenate(windows, axis=2) if len(windows) > 1 else windows[0]
+    cols = ops.concatenate(windows, axis=2) if len(windows) > 1 else windows[0]
     # (N, C, K, *out) -> (N, G, Cg*K, P): channels major, kernel offsets minor, as in w.
-    cols = tnp.reshape(cols, (N, groups, as_dim(cg * K), prod(out)))
-    wm = tnp.reshape(w, (groups, og, as_dim(cg * K)))
+    cols = ops.reshape(cols, (N, groups, as_dim(cg * K), prod(out)))
+    wm = ops.reshape(w, (groups, og, as_dim(cg * K)))
     y = dot_general_p.bind(wm, cols, dimension_numbers=(((2,), (2,)), ((0,), (1,))))
-    y = tnp.reshape(tnp.transpose(y, (2, 0, 1, 3)), (N, O) + tuple(out))  # (G,Og,N,P)->(N,O,..)
+    y = ops.reshape(ops.transpose(y, (2, 0, 1, 3)), (N, O) + tuple(out))  # (G,Og,N,P)->(N,O,..)
     if b:
-        y = tnp.add(y, tnp.reshape(_up(b[0]), (O,) + (1,) * n))
-    return tnp.astype(y, dt)
+        y = ops.add(y, ops.reshape(_up(b[0]), (O,) + (1,) * n))
+    return ops.astype(y, dt)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,7 +221,7 @@ def _conv_t_impl(x, w, *b, stride, padding, output_padding, dilation, groups):
 
 @conv_transpose_p.def_decomposition
 def _conv_t_decomp(x, w, *b, stride, padding, output_padding, dilation, groups):
-    wa = tnp._aval(w)
+    wa = ops._aval(w)
     n = wa.ndim - 2
     cin, og, kernel = wa.shape[0], wa.shape[1], wa.shape[2:]
     cg = dim_div(cin, groups, "conv_transpose")
@@ -229,9 +229,9 @@ def _conv_t_decomp(x, w, *b, stride, padding, output_padding, dilation, groups):
     x = _pad(x, 2, [(edge[i], edge[i] + output_padding[i]) for i in range(n)], 0,
              interior=tuple(s - 1 for s in stride))
     # (C_in, Og, *k) -> (G, Cg, Og, *k) -> (G, Og, Cg, *k) -> (O, Cg, *k), spatially flipped.
-    w = tnp.reshape(w, (groups, cg, og) + tuple(kernel))
-    w = tnp.transpose(w, (0, 2, 1) + tuple(range(3, n + 3)))
-    w = tnp.flip(tnp.reshape(w, (as_dim(groups * og), cg) + tuple(kernel)),
+    w = ops.reshape(w, (groups, cg, og) + tuple(kernel))
+    w = ops.transpose(w, (0, 2, 1) + tuple(range(3, n + 3)))
+    w = ops.flip(ops.reshape(w, (as_dim(groups * og), cg) + tuple(kernel)),
                  axis=tuple(range(2, n + 2)))
     return conv_p.bind(x, w, *b, stride=(1,) * n, padding=((0, 0),) * n, dilation=dilation,
                        groups=groups)
@@ -307,7 +307,7 @@ def _pool_impl(x, *, reduction, kernel_size, stride, padding, dilation, ceil_mod
 @pool_p.def_decomposition
 def _pool_decomp(x, *, reduction, kernel_size, stride, padding, dilation, ceil_mode,
                  count_include_pad, divisor_override):
-    a = tnp._aval(x)
+    a = ops._aval(x)
     n = len(kernel_size)
     first = a.ndim - n
     sizes = [_pool_sizes(a.shape[first + i], kernel_size[i], stride[i], padding[i],
@@ -318,16 +318,16 @@ def _pool_decomp(x, *, reduction, kernel_size, stride, padding, dilation, ceil_m
     fill = -np.inf if reduction == "max" else 0
     windows = _strided_windows(_pad(xu, first, pads, fill), first, kernel_size, stride,
                                dilation, out)
-    combine = tnp.maximum if reduction == "max" else tnp.add
+    combine = ops.maximum if reduction == "max" else ops.add
     acc = next(windows)
     for w in windows:
         acc = combine(acc, w)
     if reduction == "max":
         return acc
     if divisor_override:
-        return tnp.astype(tnp.divide(acc, float(divisor_override)), a.dtype)
+        return ops.astype(ops.divide(acc, float(divisor_override)), a.dtype)
     # Count map: 1 over the input (and over the padding when count_include_pad), 0 beyond.
-    ones = tnp.ones(a.shape[first:], tnp._aval(xu).dtype)
+    ones = ops.ones(a.shape[first:], ops._aval(xu).dtype)
     if count_include_pad:
         ones = _pad(ones, 0, [(p, p) for p in padding], 1)
         ones = _pad(ones, 0, [(0, hi - p) for p, hi in pads], 0)
@@ -336,8 +336,8 @@ def _pool_decomp(x, *, reduction, kernel_size, stride, padding, dilation, ceil_m
     counts = _strided_windows(ones, 0, kernel_size, stride, dilation, out)
     total = next(counts)
     for c in counts:
-        total = tnp.add(total, c)
-    return tnp.astype(tnp.divide(acc, total), a.dtype)
+        total = ops.add(total, c)
+    return ops.astype(ops.divide(acc, total), a.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -380,7 +380,7 @@ def _nn_pad_impl(x, *, pads, mode, value):
 
 
 def _axis_slice(x, axis, start, limit):
-    a = tnp._aval(x)
+    a = ops._aval(x)
     s, e = [0] * a.ndim, list(a.shape)
     s[axis], e[axis] = as_dim(start), as_dim(limit)
     return M.slice_p.bind(x, start_indices=tuple(s), limit_indices=tuple(e), strides=None)
@@ -389,9 +389,9 @@ def _axis_slice(x, axis, start, limit):
 def _edge(x, axis, i, n):
     """x[i] along `axis`, repeated n times."""
     e = _axis_slice(x, axis, i, i + 1)
-    shape = list(tnp._aval(e).shape)
+    shape = list(ops._aval(e).shape)
     shape[axis] = n
-    return tnp.broadcast_to(e, tuple(shape))
+    return ops.broadcast_to(e, tuple(shape))
 
 
 @nn_pad_p.def_decomposition
@@ -401,11 +401,11 @@ def _nn_pad_decomp(x, *, pads, mode, value):
     for axis, (lo, hi) in enumerate(pads):
         if not (lo or hi):
             continue
-        d = tnp._aval(x).shape[axis]
+        d = ops._aval(x).shape[axis]
         parts = []
         if mode == "reflect":
-            left = tnp.flip(_axis_slice(x, axis, 1, lo + 1), axis) if lo else None
-            right = tnp.flip(_axis_slice(x, axis, d - 1 - hi, d - 1), axis) if hi else None
+            left = ops.flip(_axis_slice(x, axis, 1, lo + 1), axis) if lo else None
+            right = ops.flip(_axis_slice(x, axis, d - 1 - hi, d - 1), axis) if hi else None
         elif mode == "circular":
             left = _axis_slice(x, axis, d - lo, d) if lo else None
             right = _axis_slice(x, axis, 0, hi) if hi else None
@@ -413,7 +413,7 @@ def _nn_pad_decomp(x, *, pads, mode, value):
             left = _edge(x, axis, 0, lo) if lo else None
             right = _edge(x, axis, as_dim(d - 1), hi) if hi else None
         parts = [p for p in (left, x, right) if p is not None]
-        x = tnp.concatenate(parts, axis=axis)
+        x = ops.concatenate(parts, axis=axis)
     return x
 
 

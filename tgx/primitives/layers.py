@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import numpy as tnp
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import (
     ShapedArray, broadcast_shapes, dim_eq, dim_str, is_float, is_int, shape_str,
 )
+from . import ops
 from .linalg import dot_general_p
 
 # ---------------------------------------------------------------------------------------------
@@ -48,9 +48,9 @@ def _linear_impl(x, w, *b):
 
 @linear_p.def_decomposition
 def _linear_decomp(x, w, *b):
-    nd = tnp._aval(x).ndim
+    nd = ops._aval(x).ndim
     y = dot_general_p.bind(x, w, dimension_numbers=(((nd - 1,), (1,)), ((), ())))
-    return tnp.add(y, b[0]) if b else y
+    return ops.add(y, b[0]) if b else y
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,7 +83,7 @@ def _matmul_impl(a, b):
 
 @matmul_p.def_decomposition
 def _matmul_decomp(a, b):
-    return tnp.matmul(a, b)
+    return ops.matmul(a, b)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ def _embedding_impl(idx, w):
 
 @embedding_p.def_decomposition
 def _embedding_decomp(idx, w):
-    return tnp.take(w, idx, axis=0)
+    return ops.take(w, idx, axis=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,10 +140,11 @@ def _rope_impl(x, cos, sin):
 
 @apply_rotary_emb_p.def_decomposition
 def _rope_decomp(x, cos, sin):
-    d = tnp._aval(x).shape[-1]
+    d = ops._aval(x).shape[-1]
     h = d // 2
-    rotated = tnp.concatenate([tnp.negative(x[..., h:]), x[..., :h]], axis=-1)
-    return tnp.add(tnp.multiply(x, cos), tnp.multiply(rotated, sin))
+    rotated = ops.concatenate([ops.negative(ops.slice_axis(x, -1, h, d)),
+                               ops.slice_axis(x, -1, 0, h)], axis=-1)
+    return ops.add(ops.multiply(x, cos), ops.multiply(rotated, sin))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,9 +178,9 @@ def _rope_tables_decomp(pos, *, head_dim, base, dtype):
     # Angles in float32 at least (positions up to ~1e5 need it), then the tables cast.
     work = np.float64 if np.dtype(dtype) == np.float64 else np.float32
     inv = _inv_freq(head_dim, base).astype(work)
-    freqs = tnp.multiply(tnp.expand_dims(tnp.astype(pos, work), -1), inv)
-    emb = tnp.concatenate([freqs, freqs], axis=-1)
-    return [tnp.astype(tnp.cos(emb), dtype), tnp.astype(tnp.sin(emb), dtype)]
+    freqs = ops.multiply(ops.expand_dims(ops.astype(pos, work), -1), inv)
+    emb = ops.concatenate([freqs, freqs], axis=-1)
+    return [ops.astype(ops.cos(emb), dtype), ops.astype(ops.sin(emb), dtype)]
 
 
 LAYERS = [linear_p, matmul_p, embedding_p, apply_rotary_emb_p, rope_cos_sin_p]

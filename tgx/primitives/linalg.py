@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..core import Primitive
@@ -13,6 +15,14 @@ from ..errors import DTypeError, ShapeError
 from ..shapes import ShapedArray, bool_, dim_eq, shape_str
 
 dot_general_p = Primitive("dot_general", family="linalg")
+
+
+@dot_general_p.def_flops
+def _dot_general_flops(in_shapes, out_shapes, *, dimension_numbers) -> float:
+    """A multiply and an add per output element and contracted index."""
+    (lc, _), _ = dimension_numbers
+    k = math.prod(in_shapes[0][a] for a in lc)
+    return 2.0 * math.prod(out_shapes[0]) * k
 
 
 def _free(ndim: int, contract, batch) -> list[int]:

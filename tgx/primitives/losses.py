@@ -1,8 +1,9 @@
 """Loss functions as composite primitives, with `torch.nn.functional` semantics.
 
 Each primitive carries its shape rule, a NumPy reference (float64 inside, written from the
-definitions, independently of the decomposition) and a decomposition in `tgx.numpy` terms that
-stays in the log domain (log-softmax with max subtraction, softplus via `log(1 + exp(-|x|))`).
+definitions, independently of the decomposition) and a decomposition in lax-level terms
+(`tgx.primitives.ops` and the binders of other composite families) that stays in the log
+domain (log-softmax with max subtraction, softplus via `log(1 + exp(-|x|))`).
 Optional arrays (class `weight`, `pos_weight`) are trailing operands announced by `has_*` params.
 Half-precision inputs are computed in float32 and the result cast back, as torch does on CPU.
 """
@@ -11,13 +12,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import numpy as tnp
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import (
     ShapedArray, bfloat16, broadcast_shapes, dim_eq, float16, float32, is_float, is_int,
     promote, shape_str,
 )
+from . import ops
+from .activations import log_softmax
+from .math import absolute, square
+from .reduce_composite import mean
 
 REDUCTIONS = ("none", "mean", "sum")
 
@@ -37,15 +41,15 @@ def _float_dtype(op: str, *avals: ShapedArray):
 
 def _up(x):
     """Half precision computes in float32 (torch's CPU kernels accumulate in float)."""
-    dt = tnp._aval(x).dtype
-    return tnp.astype(x, float32) if dt in (float16, bfloat16) else x
+    dt = ops._aval(x).dtype
+    return ops.astype(x, float32) if dt in (float16, bfloat16) else x
 
 
 def _reduce(loss, reduction: str):
     if reduction == "sum":
-        return tnp.sum(loss)
+        return ops.sum(loss)
     if reduction == "mean":
-        return tnp.mean(loss)
+        return mean(loss)
     return loss
 
 
@@ -55,19 +59,6 @@ def _np_reduce(loss, reduction: str):
     if reduction == "mean":
         return np.mean(loss) if loss.size else np.float64(np.nan)
     return loss
-
-
-def _log_softmax(x, axis: int):
-    """Stable log-softmax: `tgx.nn.activations.log_softmax` when it exists, else x - max - lse."""
-    try:
-        from ..nn.activations import log_softmax
-    except ImportError:
-        log_softmax = None
-    if log_softmax is not None:
-        return log_softmax(x, axis=axis)
-    m = tnp.max(x, axis=axis, keepdims=True)
-    s = tnp.subtract(x, m)
-    return tnp.subtract(s, tnp.log(tnp.sum(tnp.exp(s), axis=axis, keepdims=True)))
 
 
 def _np_log_softmax(x, axis):
@@ -98,9 +89,9 @@ def _elementwise_loss(name: str, np_fn, decomp_fn, extra_operands: tuple = ()):
 
     @p.def_decomposition
     def _decomp(x, t, *extra, reduction="mean", **params):
-        dt = tnp._aval(x).dtype
+        dt = ops._aval(x).dtype
         loss = decomp_fn(*[_up(a) for a in (x, t, *extra)], **params)
-        return tnp.astype(_reduce(loss, reduction), dt)
+        return ops.astype(_reduce(loss, reduction), dt)
 
     return p
 
@@ -109,9 +100,9 @@ def _elementwise_loss(name: str, np_fn, decomp_fn, extra_operands: tuple = ()):
 # Regression and divergence losses
 
 mse_loss_p = _elementwise_loss(
-    "mse_loss", lambda x, t: (x - t) ** 2, lambda x, t: tnp.square(tnp.subtract(x, t)))
+    "mse_loss", lambda x, t: (x - t) ** 2, lambda x, t: square(ops.subtract(x, t)))
 l1_loss_p = _elementwise_loss(
-    "l1_loss", lambda x, t: np.abs(x - t), lambda x, t: tnp.abs(tnp.subtract(x, t)))
+    "l1_loss", lambda x, t: np.abs(x - t), lambda x, t: absolute(ops.subtract(x, t)))
 
 
 def _smooth_l1_np(x, t, *, beta):
@@ -120,11 +111,11 @@ def _smooth_l1_np(x, t, *, beta):
 
 
 def _smooth_l1_decomp(x, t, *, beta):
-    d = tnp.abs(tnp.subtract(x, t))
+    d = absolute(ops.subtract(x, t))
     if beta == 0:
         return d
-    return tnp.where(tnp.less(d, beta), tnp.multiply(tnp.square(d), 0.5 / beta),
-                     tnp.subtract(d, 0.5 * beta))
+    return ops.where(ops.less(d, beta), ops.multiply(square(d), 0.5 / beta),
+                     ops.subtract(d, 0.5 * beta))
 
 
 smooth_l1_loss_p = _elementwise_loss("smooth_l1_loss", _smooth_l1_np, _smooth_l1_decomp)
@@ -139,10 +130,10 @@ def _kl_np(x, t, *, log_target):
 
 def _kl_decomp(x, t, *, log_target):
     if log_target:
-        return tnp.multiply(tnp.exp(t), tnp.subtract(t, x))
-    pos = tnp.greater(t, 0)
-    xlogx = tnp.where(pos, tnp.multiply(t, tnp.log(tnp.where(pos, t, 1))), 0)
-    return tnp.subtract(xlogx, tnp.multiply(t, x))
+        return ops.multiply(ops.exp(t), ops.subtract(t, x))
+    pos = ops.greater(t, 0)
+    xlogx = ops.where(pos, ops.multiply(t, ops.log(ops.where(pos, t, 1))), 0)
+    return ops.subtract(xlogx, ops.multiply(t, x))
 
 
 kl_div_p = Primitive("kl_div", family="losses")
@@ -168,16 +159,16 @@ def _kl_div_impl(x, t, *, reduction, log_target):
 
 @kl_div_p.def_decomposition
 def _kl_div_decomp(x, t, *, reduction, log_target):
-    dt = tnp._aval(x).dtype
+    dt = ops._aval(x).dtype
     loss = _kl_decomp(_up(x), _up(t), log_target=log_target)
     if reduction == "batchmean":
-        shape = tnp._aval(loss).shape
-        out = tnp.sum(loss)
+        shape = ops._aval(loss).shape
+        out = ops.sum(loss)
         if shape:
-            out = tnp.divide(out, tnp._shape_value(shape[0], tnp._aval(out).dtype))
+            out = ops.divide(out, ops._shape_value(shape[0], ops._aval(out).dtype))
     else:
         out = _reduce(loss, reduction)
-    return tnp.astype(out, dt)
+    return ops.astype(out, dt)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,11 +182,11 @@ def _bce_np(x, t, *w, has_weight):
 
 
 def _bce_decomp(x, t, *w, has_weight):
-    log_x = tnp.maximum(tnp.log(x), -100.0)
-    log_1mx = tnp.maximum(tnp.log(tnp.subtract(1, x)), -100.0)
-    loss = tnp.negative(tnp.add(tnp.multiply(t, log_x),
-                                tnp.multiply(tnp.subtract(1, t), log_1mx)))
-    return tnp.multiply(loss, w[0]) if has_weight else loss
+    log_x = ops.maximum(ops.log(x), -100.0)
+    log_1mx = ops.maximum(ops.log(ops.subtract(1, x)), -100.0)
+    loss = ops.negative(ops.add(ops.multiply(t, log_x),
+                                ops.multiply(ops.subtract(1, t), log_1mx)))
+    return ops.multiply(loss, w[0]) if has_weight else loss
 
 
 binary_cross_entropy_p = _elementwise_loss("binary_cross_entropy", _bce_np, _bce_decomp)
@@ -214,13 +205,13 @@ def _bce_logits_np(x, t, *extra, has_weight, has_pos_weight):
 
 def _bce_logits_decomp(x, t, *extra, has_weight, has_pos_weight):
     # softplus(-x) = max(-x, 0) + log(1 + exp(-|x|)): never overflows.
-    sp_neg = tnp.add(tnp.maximum(tnp.negative(x), 0),
-                     tnp.log(tnp.add(1, tnp.exp(tnp.negative(tnp.abs(x))))))
+    sp_neg = ops.add(ops.maximum(ops.negative(x), 0),
+                     ops.log(ops.add(1, ops.exp(ops.negative(absolute(x))))))
     if has_pos_weight:
-        coef = tnp.add(1, tnp.multiply(tnp.subtract(extra[-1], 1), t))
-        sp_neg = tnp.multiply(coef, sp_neg)
-    loss = tnp.add(tnp.multiply(tnp.subtract(1, t), x), sp_neg)
-    return tnp.multiply(loss, extra[0]) if has_weight else loss
+        coef = ops.add(1, ops.multiply(ops.subtract(extra[-1], 1), t))
+        sp_neg = ops.multiply(coef, sp_neg)
+    loss = ops.add(ops.multiply(ops.subtract(1, t), x), sp_neg)
+    return ops.multiply(loss, extra[0]) if has_weight else loss
 
 
 binary_cross_entropy_with_logits_p = _elementwise_loss(
@@ -298,36 +289,36 @@ def _nll_impl(x, t, *w, has_weight, ignore_index, reduction):
 
 def _onehot_pick(logp, t, ax):
     """logp gathered at target indices along the class axis, via a one-hot select."""
-    a = tnp._aval(logp)
-    classes = tnp.iota(tnp._aval(t).dtype, a.shape, ax)
-    hit = tnp.equal(classes, tnp.expand_dims(t, ax))
-    return tnp.sum(tnp.where(hit, logp, 0), axis=ax)
+    a = ops._aval(logp)
+    classes = ops.iota(ops._aval(t).dtype, a.shape, ax)
+    hit = ops.equal(classes, ops.expand_dims(t, ax))
+    return ops.sum(ops.where(hit, logp, 0), axis=ax)
 
 
 def _nll_parts(logp, t, w, ignore_index):
     """(loss per element, weight per element), ignored targets contributing 0 to both."""
-    ax = _class_axis(tnp._aval(logp))
-    keep = tnp.not_equal(t, ignore_index)
-    safe = tnp.where(keep, t, 0)
+    ax = _class_axis(ops._aval(logp))
+    keep = ops.not_equal(t, ignore_index)
+    safe = ops.where(keep, t, 0)
     picked = _onehot_pick(logp, safe, ax)
     if w is not None:
-        wt = tnp.where(keep, tnp.take(w, safe), 0)
+        wt = ops.where(keep, ops.take(w, safe), 0)
     else:
-        wt = tnp.astype(keep, tnp._aval(logp).dtype)
-    return tnp.negative(tnp.multiply(picked, wt)), wt
+        wt = ops.astype(keep, ops._aval(logp).dtype)
+    return ops.negative(ops.multiply(picked, wt)), wt
 
 
 def _weighted_mean(loss, wt, reduction):
     if reduction == "mean":
-        return tnp.divide(tnp.sum(loss), tnp.sum(wt))
+        return ops.divide(ops.sum(loss), ops.sum(wt))
     return _reduce(loss, reduction)
 
 
 @nll_loss_p.def_decomposition
 def _nll_decomp(x, t, *w, has_weight, ignore_index, reduction):
-    dt = tnp._aval(x).dtype
+    dt = ops._aval(x).dtype
     loss, wt = _nll_parts(_up(x), t, _up(w[0]) if has_weight else None, ignore_index)
-    return tnp.astype(_weighted_mean(loss, wt, reduction), dt)
+    return ops.astype(_weighted_mean(loss, wt, reduction), dt)
 
 
 cross_entropy_p = Primitive("cross_entropy", family="losses")
@@ -359,38 +350,38 @@ def _ce_impl(x, t, *w, has_weight, ignore_index, reduction, label_smoothing, pro
 
 @cross_entropy_p.def_decomposition
 def _ce_decomp(x, t, *w, has_weight, ignore_index, reduction, label_smoothing, probs):
-    dt = tnp._aval(x).dtype
-    xa = tnp._aval(x)
+    dt = ops._aval(x).dtype
+    xa = ops._aval(x)
     ax = _class_axis(xa)
     n_cls = xa.shape[ax]
-    logp = _log_softmax(_up(x), ax)
+    logp = log_softmax(_up(x), ax)
     wv = _up(w[0]) if has_weight else None
     eps = label_smoothing
-    smooth_scale = eps / n_cls if type(n_cls) is int else tnp.divide(
-        eps, tnp._shape_value(n_cls, tnp._aval(logp).dtype))
+    smooth_scale = eps / n_cls if type(n_cls) is int else ops.divide(
+        eps, ops._shape_value(n_cls, ops._aval(logp).dtype))
 
     def class_weighted(v):  # v * weight broadcast along the class axis
         if wv is None:
             return v
-        return tnp.multiply(v, tnp.reshape(wv, (n_cls,) + (1,) * (xa.ndim - ax - 1)))
+        return ops.multiply(v, ops.reshape(wv, (n_cls,) + (1,) * (xa.ndim - ax - 1)))
 
     if probs:
         tp = _up(t)
         if eps:
-            tp = tnp.add(tnp.multiply(tp, 1 - eps), smooth_scale)
-        loss = tnp.negative(tnp.sum(class_weighted(tnp.multiply(logp, tp)), axis=ax))
-        out = tnp.mean(loss) if reduction == "mean" else _reduce(loss, reduction)
-        return tnp.astype(out, dt)
+            tp = ops.add(ops.multiply(tp, 1 - eps), smooth_scale)
+        loss = ops.negative(ops.sum(class_weighted(ops.multiply(logp, tp)), axis=ax))
+        out = mean(loss) if reduction == "mean" else _reduce(loss, reduction)
+        return ops.astype(out, dt)
     if not eps:
         args = (logp, t) + ((wv,) if has_weight else ())
         out = nll_loss_p.bind(*args, has_weight=has_weight, ignore_index=ignore_index,
                               reduction=reduction)
-        return tnp.astype(out, dt)
+        return ops.astype(out, dt)
     loss, wt = _nll_parts(logp, t, wv, ignore_index)
-    smooth = tnp.negative(tnp.sum(class_weighted(logp), axis=ax))
-    smooth = tnp.where(tnp.not_equal(t, ignore_index), smooth, 0)
-    loss = tnp.add(tnp.multiply(loss, 1 - eps), tnp.multiply(smooth, smooth_scale))
-    return tnp.astype(_weighted_mean(loss, wt, reduction), dt)
+    smooth = ops.negative(ops.sum(class_weighted(logp), axis=ax))
+    smooth = ops.where(ops.not_equal(t, ignore_index), smooth, 0)
+    loss = ops.add(ops.multiply(loss, 1 - eps), ops.multiply(smooth, smooth_scale))
+    return ops.astype(_weighted_mean(loss, wt, reduction), dt)
 
 
 LOSSES = [mse_loss_p, l1_loss_p, smooth_l1_loss_p, kl_div_p, binary_cross_entropy_p,

@@ -1,9 +1,10 @@
 """Elementwise composite math: each op stays whole in the traced graph and decomposes into the
 atomic set (exp, log, sqrt, atan, floor, select, …) with numerically stable formulas.
 
-Decompositions are written with `tgx.numpy` (imported lazily: `tgx.numpy` imports this
-package) and call the composites of this file through their primitives, never through the
-`tnp` wrappers that bind them, so a decomposition cannot recurse into itself.
+Decompositions are written with the lax-level binders of `tgx.primitives.ops` and call the
+composites of this file through their primitives, so a decomposition cannot recurse into
+itself. `absolute` and `square` bind their composites for other families' decompositions
+(and are `tnp.absolute` / `tnp.square`).
 """
 
 from __future__ import annotations
@@ -13,14 +14,9 @@ import scipy.special
 
 from ..core import Primitive
 from ..errors import DTypeError
-from ..shapes import ShapedArray, broadcast_shapes, finfo
-from .elementwise import _check_kind, _lowp
-
-
-def _tnp():
-    from .. import numpy as tnp
-
-    return tnp
+from ..shapes import ShapedArray, bool_, broadcast_shapes, finfo
+from . import ops
+from .elementwise import _check_kind, _lowp, div_p
 
 
 def composite_unop(name: str, numpy_fn, kind: str = "float", family: str = "math") -> Primitive:
@@ -57,7 +53,7 @@ def composite_naryop(name: str, numpy_fn, n: int, kind: str = "num",
 
 def _big(x) -> float:
     """1/sqrt(eps) of x's dtype: above it x*x + 1 == x*x and log(2x) is exact enough."""
-    return float(1.0 / np.sqrt(finfo(_tnp()._aval(x).dtype).eps))
+    return float(1.0 / np.sqrt(finfo(ops._aval(x).dtype).eps))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -67,10 +63,20 @@ def _big(x) -> float:
 abs_p = composite_unop("abs", np.abs, "num")
 
 
+def absolute(x):
+    """|x| (composite `abs`); bool passes through.
+
+    >>> absolute(np.array([-2, 3]))
+    array([2, 3])
+    """
+    if ops._aval(x).dtype == bool_:
+        return x
+    return abs_p.bind(ops._as_operand(x))
+
+
 @abs_p.def_decomposition
 def _abs_decomp(x):
-    tnp = _tnp()
-    return tnp.where(tnp.less(x, 0), tnp.negative(x), x)
+    return ops.where(ops.less(x, 0), ops.negative(x), x)
 
 
 sign_p = composite_unop("sign", np.sign, "num")
@@ -79,17 +85,25 @@ sign_p = composite_unop("sign", np.sign, "num")
 @sign_p.def_decomposition
 def _sign_decomp(x):
     # zero and NaN pass through unchanged, as np.sign / torch.sign.
-    tnp = _tnp()
-    one = tnp.ones_like(x)
-    return tnp.where(tnp.greater(x, 0), one, tnp.where(tnp.less(x, 0), tnp.negative(one), x))
+    one = ops.ones_like(x)
+    return ops.where(ops.greater(x, 0), one, ops.where(ops.less(x, 0), ops.negative(one), x))
 
 
 square_p = composite_unop("square", np.square, "num")
 
 
+def square(x):
+    """x * x (composite `square`).
+
+    >>> square(np.array([3, -2]))
+    array([9, 4])
+    """
+    return square_p.bind(ops._as_operand(x))
+
+
 @square_p.def_decomposition
 def _square_decomp(x):
-    return _tnp().multiply(x, x)
+    return ops.multiply(x, x)
 
 
 reciprocal_p = composite_unop("reciprocal", np.reciprocal)
@@ -97,7 +111,7 @@ reciprocal_p = composite_unop("reciprocal", np.reciprocal)
 
 @reciprocal_p.def_decomposition
 def _reciprocal_decomp(x):
-    return _tnp().divide(1, x)
+    return ops.divide(1, x)
 
 
 rsqrt_p = composite_unop("rsqrt", lambda x: 1 / np.sqrt(x))
@@ -105,8 +119,7 @@ rsqrt_p = composite_unop("rsqrt", lambda x: 1 / np.sqrt(x))
 
 @rsqrt_p.def_decomposition
 def _rsqrt_decomp(x):
-    tnp = _tnp()
-    return tnp.divide(1, tnp.sqrt(x))
+    return ops.divide(1, ops.sqrt(x))
 
 
 ceil_p = composite_unop("ceil", np.ceil)
@@ -114,8 +127,7 @@ ceil_p = composite_unop("ceil", np.ceil)
 
 @ceil_p.def_decomposition
 def _ceil_decomp(x):
-    tnp = _tnp()
-    return tnp.negative(tnp.floor(tnp.negative(x)))
+    return ops.negative(ops.floor(ops.negative(x)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -128,12 +140,11 @@ log1p_p = composite_unop("log1p", np.log1p)
 @log1p_p.def_decomposition
 def _log1p_decomp(x):
     # Kahan: u = 1 + x rounds, and log(u) * x / (u - 1) cancels the rounding error.
-    tnp = _tnp()
-    u = tnp.add(x, 1)
-    d = tnp.subtract(u, 1)
-    exact = tnp.equal(d, 0)
-    safe_d = tnp.where(exact, tnp.ones_like(d), d)
-    return tnp.where(exact, x, tnp.multiply(tnp.log(u), tnp.divide(x, safe_d)))
+    u = ops.add(x, 1)
+    d = ops.subtract(u, 1)
+    exact = ops.equal(d, 0)
+    safe_d = ops.where(exact, ops.ones_like(d), d)
+    return ops.where(exact, x, ops.multiply(ops.log(u), ops.divide(x, safe_d)))
 
 
 expm1_p = composite_unop("expm1", np.expm1)
@@ -142,16 +153,15 @@ expm1_p = composite_unop("expm1", np.expm1)
 @expm1_p.def_decomposition
 def _expm1_decomp(x):
     # |x| < 0.5: Kahan's (u - 1) * x / log(u); elsewhere exp(x) - 1 has no cancellation.
-    tnp = _tnp()
-    small = tnp.less(tnp.maximum(x, tnp.negative(x)), 0.5)
-    xs = tnp.where(small, x, tnp.zeros_like(x))
-    u = tnp.exp(xs)
-    lu = tnp.log(u)
-    exact = tnp.equal(lu, 0)
-    kahan = tnp.where(exact, xs, tnp.multiply(tnp.subtract(u, 1),
-                                              tnp.divide(xs, tnp.where(exact, tnp.ones_like(lu),
+    small = ops.less(ops.maximum(x, ops.negative(x)), 0.5)
+    xs = ops.where(small, x, ops.zeros_like(x))
+    u = ops.exp(xs)
+    lu = ops.log(u)
+    exact = ops.equal(lu, 0)
+    kahan = ops.where(exact, xs, ops.multiply(ops.subtract(u, 1),
+                                              ops.divide(xs, ops.where(exact, ops.ones_like(lu),
                                                                        lu))))
-    return tnp.where(small, kahan, tnp.subtract(tnp.exp(x), 1))
+    return ops.where(small, kahan, ops.subtract(ops.exp(x), 1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,8 +173,7 @@ tan_p = composite_unop("tan", np.tan)
 
 @tan_p.def_decomposition
 def _tan_decomp(x):
-    tnp = _tnp()
-    return tnp.divide(tnp.sin(x), tnp.cos(x))
+    return ops.divide(ops.sin(x), ops.cos(x))
 
 
 arctan2_p = composite_naryop("arctan2", np.arctan2, 2, "float")
@@ -173,15 +182,14 @@ arctan2_p = composite_naryop("arctan2", np.arctan2, 2, "float")
 @arctan2_p.def_decomposition
 def _arctan2_decomp(y, x):
     # atan(y / x) corrected by ±pi in the left half-plane; x == 0 gives ±pi/2 (or y when y == 0).
-    tnp = _tnp()
-    y, x = tnp.broadcast_arrays(y, x)
-    zero_x = tnp.equal(x, 0)
-    r = tnp.arctan(tnp.divide(y, tnp.where(zero_x, tnp.ones_like(x), x)))
-    left = tnp.where(tnp.less(y, 0), tnp.subtract(r, np.pi), tnp.add(r, np.pi))
-    r = tnp.where(tnp.less(x, 0), left, r)
-    half = tnp.full_like(y, np.pi / 2)
-    on_axis = tnp.where(tnp.greater(y, 0), half, tnp.where(tnp.less(y, 0), tnp.negative(half), y))
-    return tnp.where(zero_x, on_axis, r)
+    y, x = ops.broadcast_arrays(y, x)
+    zero_x = ops.equal(x, 0)
+    r = ops.arctan(ops.divide(y, ops.where(zero_x, ops.ones_like(x), x)))
+    left = ops.where(ops.less(y, 0), ops.subtract(r, np.pi), ops.add(r, np.pi))
+    r = ops.where(ops.less(x, 0), left, r)
+    half = ops.full_like(y, np.pi / 2)
+    on_axis = ops.where(ops.greater(y, 0), half, ops.where(ops.less(y, 0), ops.negative(half), y))
+    return ops.where(zero_x, on_axis, r)
 
 
 arcsin_p = composite_unop("arcsin", np.arcsin)
@@ -189,8 +197,7 @@ arcsin_p = composite_unop("arcsin", np.arcsin)
 
 @arcsin_p.def_decomposition
 def _arcsin_decomp(x):
-    tnp = _tnp()
-    c = tnp.sqrt(tnp.multiply(tnp.subtract(1, x), tnp.add(1, x)))
+    c = ops.sqrt(ops.multiply(ops.subtract(1, x), ops.add(1, x)))
     return arctan2_p.bind(x, c)
 
 
@@ -199,8 +206,7 @@ arccos_p = composite_unop("arccos", np.arccos)
 
 @arccos_p.def_decomposition
 def _arccos_decomp(x):
-    tnp = _tnp()
-    return tnp.multiply(2, arctan2_p.bind(tnp.sqrt(tnp.subtract(1, x)), tnp.sqrt(tnp.add(1, x))))
+    return ops.multiply(2, arctan2_p.bind(ops.sqrt(ops.subtract(1, x)), ops.sqrt(ops.add(1, x))))
 
 
 sinh_p = composite_unop("sinh", np.sinh)
@@ -209,8 +215,7 @@ sinh_p = composite_unop("sinh", np.sinh)
 @sinh_p.def_decomposition
 def _sinh_decomp(x):
     # expm1 keeps small |x| accurate: (e^x - 1) - (e^-x - 1).
-    tnp = _tnp()
-    return tnp.multiply(tnp.subtract(expm1_p.bind(x), expm1_p.bind(tnp.negative(x))), 0.5)
+    return ops.multiply(ops.subtract(expm1_p.bind(x), expm1_p.bind(ops.negative(x))), 0.5)
 
 
 cosh_p = composite_unop("cosh", np.cosh)
@@ -219,9 +224,8 @@ cosh_p = composite_unop("cosh", np.cosh)
 @cosh_p.def_decomposition
 def _cosh_decomp(x):
     # t = e^|x| / 2 overflows only where cosh itself does.
-    tnp = _tnp()
-    t = tnp.exp(tnp.subtract(abs_p.bind(x), float(np.log(2.0))))
-    return tnp.add(t, tnp.divide(0.25, t))
+    t = ops.exp(ops.subtract(abs_p.bind(x), float(np.log(2.0))))
+    return ops.add(t, ops.divide(0.25, t))
 
 
 tanh_p = composite_unop("tanh", np.tanh)
@@ -230,10 +234,9 @@ tanh_p = composite_unop("tanh", np.tanh)
 @tanh_p.def_decomposition
 def _tanh_decomp(x):
     # tanh|x| = -m / (2 + m) with m = expm1(-2|x|) in [-1, 0]: no overflow, exact near 0.
-    tnp = _tnp()
-    m = expm1_p.bind(tnp.multiply(abs_p.bind(x), -2))
-    t = tnp.divide(tnp.negative(m), tnp.add(m, 2))
-    return tnp.where(tnp.less(x, 0), tnp.negative(t), t)
+    m = expm1_p.bind(ops.multiply(abs_p.bind(x), -2))
+    t = ops.divide(ops.negative(m), ops.add(m, 2))
+    return ops.where(ops.less(x, 0), ops.negative(t), t)
 
 
 arcsinh_p = composite_unop("arcsinh", np.arcsinh)
@@ -242,15 +245,14 @@ arcsinh_p = composite_unop("arcsinh", np.arcsinh)
 @arcsinh_p.def_decomposition
 def _arcsinh_decomp(x):
     # asinh|x| = log1p(a + a^2 / (1 + sqrt(1 + a^2))), or log(2a) where a^2 would overflow.
-    tnp = _tnp()
     a = abs_p.bind(x)
-    big = tnp.greater(a, _big(x))
-    s = tnp.where(big, tnp.ones_like(a), a)
-    s2 = tnp.multiply(s, s)
-    small_r = log1p_p.bind(tnp.add(s, tnp.divide(s2, tnp.add(1, tnp.sqrt(tnp.add(1, s2))))))
-    r = tnp.where(big, tnp.add(tnp.log(tnp.where(big, a, tnp.ones_like(a))), float(np.log(2.0))),
+    big = ops.greater(a, _big(x))
+    s = ops.where(big, ops.ones_like(a), a)
+    s2 = ops.multiply(s, s)
+    small_r = log1p_p.bind(ops.add(s, ops.divide(s2, ops.add(1, ops.sqrt(ops.add(1, s2))))))
+    r = ops.where(big, ops.add(ops.log(ops.where(big, a, ops.ones_like(a))), float(np.log(2.0))),
                   small_r)
-    return tnp.where(tnp.less(x, 0), tnp.negative(r), r)
+    return ops.where(ops.less(x, 0), ops.negative(r), r)
 
 
 arccosh_p = composite_unop("arccosh", np.arccosh)
@@ -259,12 +261,11 @@ arccosh_p = composite_unop("arccosh", np.arccosh)
 @arccosh_p.def_decomposition
 def _arccosh_decomp(x):
     # acosh x = log1p(t + sqrt(t (t + 2))) with t = x - 1 (exact near 1); log(2x) when huge.
-    tnp = _tnp()
-    big = tnp.greater(x, _big(x))
-    t = tnp.subtract(tnp.where(big, tnp.ones_like(x), x), 1)
-    small_r = log1p_p.bind(tnp.add(t, tnp.sqrt(tnp.multiply(t, tnp.add(t, 2)))))
-    big_r = tnp.add(tnp.log(tnp.where(big, x, tnp.ones_like(x))), float(np.log(2.0)))
-    return tnp.where(big, big_r, small_r)
+    big = ops.greater(x, _big(x))
+    t = ops.subtract(ops.where(big, ops.ones_like(x), x), 1)
+    small_r = log1p_p.bind(ops.add(t, ops.sqrt(ops.multiply(t, ops.add(t, 2)))))
+    big_r = ops.add(ops.log(ops.where(big, x, ops.ones_like(x))), float(np.log(2.0)))
+    return ops.where(big, big_r, small_r)
 
 
 arctanh_p = composite_unop("arctanh", np.arctanh)
@@ -272,8 +273,7 @@ arctanh_p = composite_unop("arctanh", np.arctanh)
 
 @arctanh_p.def_decomposition
 def _arctanh_decomp(x):
-    tnp = _tnp()
-    return tnp.multiply(log1p_p.bind(tnp.divide(tnp.multiply(x, 2), tnp.subtract(1, x))), 0.5)
+    return ops.multiply(log1p_p.bind(ops.divide(ops.multiply(x, 2), ops.subtract(1, x))), 0.5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,20 +291,19 @@ _ERFINV_TAIL = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
 
 @erfinv_p.def_decomposition
 def _erfinv_decomp(x):
-    tnp = _tnp()
-    w = tnp.negative(log1p_p.bind(tnp.negative(tnp.multiply(x, x))))
-    central = tnp.less(w, 5.0)
-    wc = tnp.subtract(tnp.where(central, w, tnp.full_like(w, 5.0)), 2.5)
-    wt = tnp.subtract(tnp.sqrt(tnp.where(central, tnp.full_like(w, 5.0), w)), 3.0)
+    w = ops.negative(log1p_p.bind(ops.negative(ops.multiply(x, x))))
+    central = ops.less(w, 5.0)
+    wc = ops.subtract(ops.where(central, w, ops.full_like(w, 5.0)), 2.5)
+    wt = ops.subtract(ops.sqrt(ops.where(central, ops.full_like(w, 5.0), w)), 3.0)
 
     def horner(coeffs, t):
-        p = tnp.full_like(t, coeffs[0])
+        p = ops.full_like(t, coeffs[0])
         for c in coeffs[1:]:
-            p = tnp.add(tnp.multiply(p, t), c)
+            p = ops.add(ops.multiply(p, t), c)
         return p
 
-    p = tnp.where(central, horner(_ERFINV_CENTRAL, wc), horner(_ERFINV_TAIL, wt))
-    return tnp.multiply(p, x)
+    p = ops.where(central, horner(_ERFINV_CENTRAL, wc), horner(_ERFINV_TAIL, wt))
+    return ops.multiply(p, x)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,16 +320,13 @@ mod_p = composite_naryop("mod", _mod_ref, 2, "num")
 @mod_p.def_decomposition
 def _mod_decomp(x, y):
     # Sign of the divisor (Python / NumPy / torch.remainder).
-    tnp = _tnp()
-    from . import elementwise as E
-
-    dtype = tnp._aval(x).dtype
+    dtype = ops._aval(x).dtype
     if dtype.kind == "f" or str(dtype) == "bfloat16":
-        return tnp.subtract(x, tnp.multiply(tnp.floor(tnp.divide(x, y)), y))
-    q = E.div_p.bind(x, y)  # truncates toward zero
-    r = tnp.subtract(x, tnp.multiply(q, y))
-    adjust = tnp.logical_and(tnp.not_equal(r, 0), tnp.not_equal(tnp.less(r, 0), tnp.less(y, 0)))
-    return tnp.where(adjust, tnp.add(r, y), r)
+        return ops.subtract(x, ops.multiply(ops.floor(ops.divide(x, y)), y))
+    q = div_p.bind(x, y)  # truncates toward zero
+    r = ops.subtract(x, ops.multiply(q, y))
+    adjust = ops.logical_and(ops.not_equal(r, 0), ops.not_equal(ops.less(r, 0), ops.less(y, 0)))
+    return ops.where(adjust, ops.add(r, y), r)
 
 
 clip_p = composite_naryop("clip", lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi), 3, "num")
@@ -338,8 +334,7 @@ clip_p = composite_naryop("clip", lambda x, lo, hi: np.minimum(np.maximum(x, lo)
 
 @clip_p.def_decomposition
 def _clip_decomp(x, lo, hi):
-    tnp = _tnp()
-    return tnp.minimum(tnp.maximum(x, lo), hi)
+    return ops.minimum(ops.maximum(x, lo), hi)
 
 
 MATH = [abs_p, sign_p, square_p, reciprocal_p, rsqrt_p, ceil_p, log1p_p, expm1_p, tan_p,

@@ -16,7 +16,7 @@ from ..shapes import (
 )
 
 # ---------------------------------------------------------------------------------------------
-reshape_p = Primitive("reshape", family="movement")
+reshape_p = Primitive("reshape", family="movement", is_view=True)
 
 
 @reshape_p.def_shape
@@ -60,7 +60,7 @@ def _bid_impl(x, *, shape, broadcast_dimensions):
 
 
 # ---------------------------------------------------------------------------------------------
-transpose_p = Primitive("transpose", family="movement")
+transpose_p = Primitive("transpose", family="movement", is_view=True)
 
 
 @transpose_p.def_shape

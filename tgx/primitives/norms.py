@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import numpy as tnp
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import (
     ShapedArray, bfloat16, dim_div, dim_eq, dim_str, float16, float32, is_float, prod,
     shape_str,
 )
+from . import ops
+from .math import square
+from .reduce_composite import mean
 
 
 def _up(x):
-    dt = tnp._aval(x).dtype
-    return tnp.astype(x, float32) if dt in (float16, bfloat16) else x
+    dt = ops._aval(x).dtype
+    return ops.astype(x, float32) if dt in (float16, bfloat16) else x
 
 
 def _check_float(op, x: ShapedArray):
@@ -53,17 +55,17 @@ def _np_affine(y, w, b, shape):
 
 def _affine(y, w, b, shape):
     if w is not None:
-        y = tnp.multiply(y, tnp.reshape(_up(w), shape))
+        y = ops.multiply(y, ops.reshape(_up(w), shape))
     if b is not None:
-        y = tnp.add(y, tnp.reshape(_up(b), shape))
+        y = ops.add(y, ops.reshape(_up(b), shape))
     return y
 
 
 def _normalize(x, axes, eps):
     """(x - mean) / sqrt(biased var + eps) over `axes` (two passes: stable for large means)."""
-    xc = tnp.subtract(x, tnp.mean(x, axis=axes, keepdims=True))
-    var = tnp.mean(tnp.square(xc), axis=axes, keepdims=True)
-    return tnp.multiply(xc, tnp.divide(1, tnp.sqrt(tnp.add(var, eps))))
+    xc = ops.subtract(x, mean(x, axis=axes, keepdims=True))
+    var = mean(square(xc), axis=axes, keepdims=True)
+    return ops.multiply(xc, ops.divide(1, ops.sqrt(ops.add(var, eps))))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -97,11 +99,11 @@ def _layer_norm_impl(x, *wb, normalized_shape, eps, has_weight, has_bias):
 
 @layer_norm_p.def_decomposition
 def _layer_norm_decomp(x, *wb, normalized_shape, eps, has_weight, has_bias):
-    a = tnp._aval(x)
+    a = ops._aval(x)
     axes = tuple(range(a.ndim - len(normalized_shape), a.ndim))
     y = _normalize(_up(x), axes, eps)
     w, b = _affine_operands(wb, has_weight, has_bias)
-    return tnp.astype(_affine(y, w, b, normalized_shape), a.dtype)
+    return ops.astype(_affine(y, w, b, normalized_shape), a.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,12 +126,12 @@ def _rms_norm_impl(x, *w, normalized_shape, eps, has_weight):
 
 @rms_norm_p.def_decomposition
 def _rms_norm_decomp(x, *w, normalized_shape, eps, has_weight):
-    a = tnp._aval(x)
+    a = ops._aval(x)
     axes = tuple(range(a.ndim - len(normalized_shape), a.ndim))
     xu = _up(x)
-    ms = tnp.mean(tnp.square(xu), axis=axes, keepdims=True)
-    y = tnp.multiply(xu, tnp.divide(1, tnp.sqrt(tnp.add(ms, eps))))
-    return tnp.astype(_affine(y, w[0] if has_weight else None, None, normalized_shape), a.dtype)
+    ms = mean(square(xu), axis=axes, keepdims=True)
+    y = ops.multiply(xu, ops.divide(1, ops.sqrt(ops.add(ms, eps))))
+    return ops.astype(_affine(y, w[0] if has_weight else None, None, normalized_shape), a.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,28 +192,28 @@ def _batch_norm_impl(x, *args, training, momentum, eps, has_running, has_weight,
 
 @batch_norm_p.def_decomposition
 def _batch_norm_decomp(x, *args, training, momentum, eps, has_running, has_weight, has_bias):
-    a = tnp._aval(x)
+    a = ops._aval(x)
     rm, rv, w, b = _bn_operands(args, has_running, has_weight, has_bias)
     axes = (0,) + tuple(range(2, a.ndim))
     cshape = (a.shape[1],) + (1,) * (a.ndim - 2)
     xu = _up(x)
     if training:
-        mean = tnp.mean(xu, axis=axes, keepdims=True)
-        xc = tnp.subtract(xu, mean)
-        var = tnp.mean(tnp.square(xc), axis=axes, keepdims=True)
+        mu = mean(xu, axis=axes, keepdims=True)
+        xc = ops.subtract(xu, mu)
+        var = mean(square(xc), axis=axes, keepdims=True)
     else:
-        mean = tnp.reshape(_up(rm), (1,) + cshape)
-        var = tnp.reshape(_up(rv), (1,) + cshape)
-        xc = tnp.subtract(xu, mean)
-    y = tnp.multiply(xc, tnp.divide(1, tnp.sqrt(tnp.add(var, eps))))
-    outs = [tnp.astype(_affine(y, w, b, cshape), a.dtype)]
+        mu = ops.reshape(_up(rm), (1,) + cshape)
+        var = ops.reshape(_up(rv), (1,) + cshape)
+        xc = ops.subtract(xu, mu)
+    y = ops.multiply(xc, ops.divide(1, ops.sqrt(ops.add(var, eps))))
+    outs = [ops.astype(_affine(y, w, b, cshape), a.dtype)]
     if training and has_running:
         n = prod([d for i, d in enumerate(a.shape) if i != 1])
-        nv = tnp._shape_value(n, tnp._aval(var).dtype)
-        unbiased = tnp.divide(tnp.multiply(tnp.reshape(var, cshape[:1]), nv), tnp.subtract(nv, 1))
-        for stat, new in ((rm, tnp.reshape(mean, cshape[:1])), (rv, unbiased)):
-            upd = tnp.add(tnp.multiply(_up(stat), 1 - momentum), tnp.multiply(new, momentum))
-            outs.append(tnp.astype(upd, tnp._aval(stat).dtype))
+        nv = ops._shape_value(n, ops._aval(var).dtype)
+        unbiased = ops.divide(ops.multiply(ops.reshape(var, cshape[:1]), nv), ops.subtract(nv, 1))
+        for stat, new in ((rm, ops.reshape(mu, cshape[:1])), (rv, unbiased)):
+            upd = ops.add(ops.multiply(_up(stat), 1 - momentum), ops.multiply(new, momentum))
+            outs.append(ops.astype(upd, ops._aval(stat).dtype))
     return outs
 
 
@@ -243,12 +245,12 @@ def _group_norm_impl(x, *wb, num_groups, eps, has_weight, has_bias):
 
 @group_norm_p.def_decomposition
 def _group_norm_decomp(x, *wb, num_groups, eps, has_weight, has_bias):
-    a = tnp._aval(x)
+    a = ops._aval(x)
     per_group = dim_div(prod(a.shape[1:]), num_groups, "group_norm")
-    g = tnp.reshape(_up(x), (a.shape[0], num_groups, per_group))
-    y = tnp.reshape(_normalize(g, (2,), eps), a.shape)
+    g = ops.reshape(_up(x), (a.shape[0], num_groups, per_group))
+    y = ops.reshape(_normalize(g, (2,), eps), a.shape)
     w, b = _affine_operands(wb, has_weight, has_bias)
-    return tnp.astype(_affine(y, w, b, (a.shape[1],) + (1,) * (a.ndim - 2)), a.dtype)
+    return ops.astype(_affine(y, w, b, (a.shape[1],) + (1,) * (a.ndim - 2)), a.dtype)
 
 
 NORMS = [layer_norm_p, rms_norm_p, batch_norm_p, group_norm_p]

@@ -13,6 +13,8 @@ import numpy as np
 from ..core import Primitive
 from ..errors import DTypeError
 from ..shapes import ShapedArray, broadcast_shapes, uint32
+from . import ops
+from .elementwise import add_p, or_p, shift_left_p, shift_right_logical_p, xor_p
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = 0x1BD11BDA
@@ -59,8 +61,6 @@ def _threefry_impl(k0, k1, x0, x1):
 
 @threefry2x32_p.def_decomposition
 def _threefry_decomp(k0, k1, x0, x1):
-    from .elementwise import add_p, or_p, shift_left_p, shift_right_logical_p, xor_p
-
     def const(v):
         return np.asarray(v, np.uint32)
 
@@ -68,9 +68,7 @@ def _threefry_decomp(k0, k1, x0, x1):
         return or_p.bind(shift_left_p.bind(x, const(r)),
                          shift_right_logical_p.bind(x, const(32 - r)))
 
-    from .. import numpy as tnp
-
-    k0, k1, x0, x1 = tnp.broadcast_arrays(k0, k1, x0, x1)
+    k0, k1, x0, x1 = ops.broadcast_arrays(k0, k1, x0, x1)
     return list(_threefry_rounds(k0, k1, x0, x1, add=add_p.bind, xor=xor_p.bind, rotl=rotl,
                                  const=const))
 

@@ -1,5 +1,8 @@
 """Composite reductions: mean, var, std (over a tuple of axes, which are removed; `keepdims` is
-a reshape in `tgx.numpy`) and argmin. The element count may be symbolic (`dim_as_value`)."""
+a reshape in the binders) and argmin. The element count may be symbolic (`dim_as_value`).
+
+`mean` binds `mean_p` with NumPy's signature for other families' decompositions (and is
+`tnp.mean`)."""
 
 from __future__ import annotations
 
@@ -7,25 +10,19 @@ import numpy as np
 
 from ..core import Primitive
 from ..errors import DTypeError
-from ..shapes import ShapedArray, as_dim, is_float
-from .elementwise import _lowp
-from .reductions import _check_axes
-
-
-def _tnp():
-    from .. import numpy as tnp
-
-    return tnp
+from ..shapes import DEFAULT_FLOAT, ShapedArray, as_dim, is_float
+from . import ops
+from .elementwise import _lowp, neg_p, not_p
+from .reductions import _check_axes, argmax_p
 
 
 def _count(x, axes, minus=0):
-    tnp = _tnp()
     n = 1
     for a in axes:
-        n = n * tnp._aval(x).shape[a]
+        n = n * ops._aval(x).shape[a]
     n = n - minus
     n = n if isinstance(n, int) else as_dim(n)
-    return tnp._shape_value(n, tnp._aval(x).dtype)
+    return ops._shape_value(n, ops._aval(x).dtype)
 
 
 def _float_reduction(name: str, ref) -> Primitive:
@@ -48,20 +45,32 @@ def _float_reduction(name: str, ref) -> Primitive:
 mean_p = _float_reduction("mean", np.mean)
 
 
+def mean(x, axis=None, dtype=None, keepdims=False):
+    """Arithmetic mean (composite `mean`); the count may be symbolic (`dim_as_value`).
+
+    >>> mean(np.array([1, 2, 3, 4]), keepdims=True)
+    array([2.5], dtype=float32)
+    """
+    a = ops._aval(x)
+    if dtype is not None:
+        x = ops.astype(x, dtype)
+    elif not is_float(a.dtype):
+        x = ops.astype(x, DEFAULT_FLOAT)
+    return ops._reduce(mean_p, ops._as_operand(x), axis, keepdims)
+
+
 @mean_p.def_decomposition
 def _mean_decomp(x, *, axes):
-    tnp = _tnp()
-    return tnp.divide(tnp.sum(x, axis=axes), _count(x, axes))
+    return ops.divide(ops.sum(x, axis=axes), _count(x, axes))
 
 
 var_p = _float_reduction("var", np.var)
 
 
 def _var(x, axes, ddof):
-    tnp = _tnp()
-    d = tnp.subtract(x, tnp.reshape(mean_p.bind(x, axes=axes), tuple(
-        1 if i in axes else s for i, s in enumerate(tnp._aval(x).shape))))
-    return tnp.divide(tnp.sum(tnp.multiply(d, d), axis=axes), _count(x, axes, ddof))
+    d = ops.subtract(x, ops.reshape(mean_p.bind(x, axes=axes), tuple(
+        1 if i in axes else s for i, s in enumerate(ops._aval(x).shape))))
+    return ops.divide(ops.sum(ops.multiply(d, d), axis=axes), _count(x, axes, ddof))
 
 
 @var_p.def_decomposition
@@ -74,7 +83,7 @@ std_p = _float_reduction("std", np.std)
 
 @std_p.def_decomposition
 def _std_decomp(x, *, axes, ddof):
-    return _tnp().sqrt(var_p.bind(x, axes=axes, ddof=ddof))
+    return ops.sqrt(var_p.bind(x, axes=axes, ddof=ddof))
 
 
 # argmin(x, axis, index_dtype): first index of the minimum (NaN counts as the minimum).
@@ -83,8 +92,6 @@ argmin_p = Primitive("argmin", family="reduction")
 
 @argmin_p.def_shape
 def _argmin_shape(x: ShapedArray, *, axis: int, index_dtype) -> ShapedArray:
-    from .reductions import argmax_p
-
     return argmax_p.shape_rule(x, axis=axis, index_dtype=index_dtype)
 
 
@@ -97,10 +104,7 @@ def _argmin_impl(x, *, axis, index_dtype):
 def _argmin_decomp(x, *, axis, index_dtype):
     # Reverse the order without overflow: -x for floats (NaN stays NaN, the maximum for
     # argmax), ~x for integers (~x = -x - 1, also for unsigned), not for bool.
-    from .elementwise import neg_p, not_p
-    from .reductions import argmax_p
-
-    dtype = _tnp()._aval(x).dtype
+    dtype = ops._aval(x).dtype
     flipped = neg_p.bind(x) if is_float(dtype) else not_p.bind(x)
     return argmax_p.bind(flipped, axis=axis, index_dtype=index_dtype)
 

@@ -11,25 +11,22 @@ import scipy.special
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import ShapedArray, as_dim, dim_eq, is_float
-from .activations import sigmoid_p
+from . import ops
+from .activations import relu_p, sigmoid_p
 from .elementwise import _lowp
+from .linalg import dot_general_p
 from .math import tanh_p
+from .movement import slice_p
 
 _GATES = {"rnn_cell": 1, "lstm_cell": 4, "gru_cell": 3}
 
 
-def _tnp():
-    from .. import numpy as tnp
-
-    return tnp
-
-
 def _check(name, x, h, w_ih, w_hh, b_ih, b_hh):
     g = _GATES[name]
-    ops = (x, h, w_ih, w_hh, b_ih, b_hh)
-    if len({a.dtype for a in ops}) != 1 or not is_float(x.dtype):
+    operands = (x, h, w_ih, w_hh, b_ih, b_hh)
+    if len({a.dtype for a in operands}) != 1 or not is_float(x.dtype):
         raise DTypeError(f"{name} needs floating operands of one dtype, got "
-                         f"{', '.join(a.str_short() for a in ops)}")
+                         f"{', '.join(a.str_short() for a in operands)}")
     hid = h.shape[-1] if h.ndim else None
     ok = (x.ndim in (1, 2) and h.ndim == x.ndim and w_ih.ndim == 2 and w_hh.ndim == 2
           and b_ih.ndim == 1 and b_hh.ndim == 1 and dim_eq(w_ih.shape[1], x.shape[-1])
@@ -39,7 +36,7 @@ def _check(name, x, h, w_ih, w_hh, b_ih, b_hh):
     if not ok:
         raise ShapeError(f"{name}: expected x (B, I), h (B, H), w_ih ({g}H, I), w_hh ({g}H, H), "
                          f"b_ih ({g}H,), b_hh ({g}H,); got "
-                         f"{', '.join(a.str_short() for a in ops)}")
+                         f"{', '.join(a.str_short() for a in operands)}")
     return ShapedArray(h.shape, h.dtype)
 
 
@@ -51,20 +48,15 @@ def _np_linear(x, w, b):
     return x @ w.T + b
 
 
-def _tnp_linear(x, w, b):
+def _linear(x, w, b):
     # x @ w.T as one dot_general contracting the last axis of x with axis 1 of w (no transpose)
-    from .linalg import dot_general_p
-
-    tnp = _tnp()
-    nd = tnp.ndim(x)
-    return tnp.add(dot_general_p.bind(x, w, dimension_numbers=(((nd - 1,), (1,)), ((), ()))), b)
+    nd = ops.ndim(x)
+    return ops.add(dot_general_p.bind(x, w, dimension_numbers=(((nd - 1,), (1,)), ((), ()))), b)
 
 
 def _chunks(z, n):
     """n equal slices of the last axis (the size may be symbolic)."""
-    from .movement import slice_p
-
-    a = _tnp()._aval(z)
+    a = ops._aval(z)
     last = a.shape[-1]
     hid = as_dim(last // n if isinstance(last, int) else last / n)
     out = []
@@ -96,9 +88,7 @@ def _rnn_impl(x, h, w_ih, w_hh, b_ih, b_hh, *, nonlinearity):
 
 @rnn_cell_p.def_decomposition
 def _rnn_decomp(x, h, w_ih, w_hh, b_ih, b_hh, *, nonlinearity):
-    from .activations import relu_p
-
-    z = _tnp().add(_tnp_linear(x, w_ih, b_ih), _tnp_linear(h, w_hh, b_hh))
+    z = ops.add(_linear(x, w_ih, b_ih), _linear(h, w_hh, b_hh))
     return tanh_p.bind(z) if nonlinearity == "tanh" else relu_p.bind(z)
 
 
@@ -130,12 +120,11 @@ def _lstm_impl(*args):
 
 @lstm_cell_p.def_decomposition
 def _lstm_decomp(x, h, c, w_ih, w_hh, b_ih, b_hh):
-    tnp = _tnp()
-    z = tnp.add(_tnp_linear(x, w_ih, b_ih), _tnp_linear(h, w_hh, b_hh))
+    z = ops.add(_linear(x, w_ih, b_ih), _linear(h, w_hh, b_hh))
     i, f, g, o = _chunks(z, 4)
-    c2 = tnp.add(tnp.multiply(sigmoid_p.bind(f), c),
-                 tnp.multiply(sigmoid_p.bind(i), tanh_p.bind(g)))
-    return [tnp.multiply(sigmoid_p.bind(o), tanh_p.bind(c2)), c2]
+    c2 = ops.add(ops.multiply(sigmoid_p.bind(f), c),
+                 ops.multiply(sigmoid_p.bind(i), tanh_p.bind(g)))
+    return [ops.multiply(sigmoid_p.bind(o), tanh_p.bind(c2)), c2]
 
 
 # gru_cell(x, h, w_ih, w_hh, b_ih, b_hh) -> h'
@@ -159,14 +148,13 @@ def _gru_impl(x, h, w_ih, w_hh, b_ih, b_hh):
 
 @gru_cell_p.def_decomposition
 def _gru_decomp(x, h, w_ih, w_hh, b_ih, b_hh):
-    tnp = _tnp()
-    ir, iz, in_ = _chunks(_tnp_linear(x, w_ih, b_ih), 3)
-    hr, hz, hn = _chunks(_tnp_linear(h, w_hh, b_hh), 3)
-    r = sigmoid_p.bind(tnp.add(ir, hr))
-    z = sigmoid_p.bind(tnp.add(iz, hz))
-    n = tanh_p.bind(tnp.add(in_, tnp.multiply(r, hn)))
+    ir, iz, in_ = _chunks(_linear(x, w_ih, b_ih), 3)
+    hr, hz, hn = _chunks(_linear(h, w_hh, b_hh), 3)
+    r = sigmoid_p.bind(ops.add(ir, hr))
+    z = sigmoid_p.bind(ops.add(iz, hz))
+    n = tanh_p.bind(ops.add(in_, ops.multiply(r, hn)))
     # (1 - z) * n + z * h == n + z * (h - n)
-    return tnp.add(n, tnp.multiply(z, tnp.subtract(h, n)))
+    return ops.add(n, ops.multiply(z, ops.subtract(h, n)))
 
 
 RNN = [rnn_cell_p, lstm_cell_p, gru_cell_p]

@@ -9,13 +9,9 @@ import numpy as np
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import ShapedArray, bool_
+from . import ops
 from .elementwise import _lowp
-
-
-def _tnp():
-    from .. import numpy as tnp
-
-    return tnp
+from .linalg import dot_general_p
 
 
 # cumsum(x, axis, reverse): inclusive prefix sums along one axis.
@@ -45,19 +41,16 @@ def _cumsum_decomp(x, *, axis, reverse=False):
     # One dot_general with a triangular 0/1 mask built from iota: works for a symbolic length
     # and is one well-optimised kernel on every backend (O(n^2) work, fine for the n of a
     # sequence axis).
-    from .linalg import dot_general_p
-
-    tnp = _tnp()
-    a = tnp._aval(x)
+    a = ops._aval(x)
     n = a.shape[axis]
-    rows = tnp.iota(np.int64, (n, n), 0)
-    cols = tnp.iota(np.int64, (n, n), 1)
+    rows = ops.iota(np.int64, (n, n), 0)
+    cols = ops.iota(np.int64, (n, n), 1)
     # out[..., i] = sum_j x[..., j] * mask[j, i]
-    mask = tnp.greater_equal(rows, cols) if reverse else tnp.less_equal(rows, cols)
-    mask = tnp.astype(mask, a.dtype)
+    mask = ops.greater_equal(rows, cols) if reverse else ops.less_equal(rows, cols)
+    mask = ops.astype(mask, a.dtype)
     out = dot_general_p.bind(x, mask, dimension_numbers=(((axis,), (0,)), ((), ())))
     # dot_general puts the new axis last; move it back.
-    return tnp.moveaxis(out, -1, axis)
+    return ops.moveaxis(out, -1, axis)
 
 
 TENSOR = [cumsum_p]

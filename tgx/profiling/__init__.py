@@ -8,12 +8,26 @@
 """
 
 from tgx.profiling.accuracy import (
-    DEFAULT_ATOL, DEFAULT_RTOL, Accuracy, accuracy, golden, golden_inputs, to_numpy, ulp_spacing,
+    DEFAULT_ATOL,
+    DEFAULT_RTOL,
+    Accuracy,
+    accuracy,
+    golden,
+    golden_inputs,
+    to_numpy,
+    ulp_spacing,
 )
 from tgx.profiling.progress import Progress, progress_enabled
 from tgx.profiling.runner import (
-    ProfilingError, format_seconds, input_descriptors, normalize_job, profile, profile_many,
-    resolve, spec_of, summarize,
+    ProfilingError,
+    format_seconds,
+    input_descriptors,
+    normalize_job,
+    profile,
+    profile_many,
+    resolve,
+    spec_of,
+    summarize,
 )
 from tgx.profiling.timing import Timing, measure, sync_for, timer_overhead
 

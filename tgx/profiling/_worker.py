@@ -1,5 +1,6 @@
 """Child of an isolated profile: ``python -m tgx.profiling._worker IN.pkl OUT.pkl READY_FD``.
 
+
 IN holds a pickled dict (``spec``, ``args``, ``golden``, ``dtype``, ``options``,
 ``timeout_s``); a byte on READY_FD tells the parent the candidate is imported (its timeout
 starts then); OUT receives the pickled trace record. A crash leaves no OUT, and the parent
@@ -9,13 +10,15 @@ records RUNTIME_ERROR with the exit status and stderr.
 import os
 import pickle
 import sys
+import traceback
+
+from tgx.profiling.runner import _profile_here, resolve
 
 
 def main(argv: list[str]) -> int:
     in_path, out_path, ready_fd = argv
     with open(in_path, "rb") as f:
         job = pickle.load(f)
-    from tgx.profiling.runner import _profile_here, resolve
 
     opts = dict(job["options"])
     # Leave half of the time limit to spare, so a healthy candidate never runs into it.
@@ -23,7 +26,6 @@ def main(argv: list[str]) -> int:
     try:
         fn = resolve(job["spec"])
     except Exception as err:  # noqa: BLE001 - reported, not raised
-        import traceback
 
         fn, rec = None, {"status": "RUNTIME_ERROR", "log": f"cannot import {job['spec']!r}: "
                          f"{err}\n" + traceback.format_exc()}

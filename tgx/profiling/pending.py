@@ -11,10 +11,31 @@ Inputs are drawn from the workload's input descriptors with a fixed seed.
 
 from __future__ import annotations
 
+import functools
+import warnings
 from typing import Any
 
 import ml_dtypes
 import numpy as np
+
+from ..backends import get_backend
+from ..backends.registry import kernels_for
+from ..core import Literal, primitive_by_name
+from ..shapes import DTYPES, ShapedArray, concrete_shape
+from ..store.schema import implementation_key
+from ..tracing import GraphBuilder
+from ..transforms.evaluate import concretize
+from .accuracy import DEFAULT_ATOL
+from .runner import profile
+
+
+def _binding(dims) -> dict:
+    """{name: int} from {name_or_Symbol: int}."""
+    return {str(k): int(v) for k, v in (dims or {}).items()}
+
+
+def _shape(aval, env: dict) -> tuple[int, ...]:
+    return concrete_shape(aval.shape, env)
 
 
 def random_inputs(inputs: list, seed: int = 0) -> tuple:
@@ -89,8 +110,6 @@ def encode_param(v: Any) -> Any:
 def decode_param(v: Any) -> Any:
     if isinstance(v, dict):
         if "dtype" in v:
-            from tgx.shapes import DTYPES
-
             return DTYPES[v["dtype"]]
         return tuple(decode_param(x) for x in v["t"])
     if isinstance(v, list):
@@ -100,10 +119,6 @@ def decode_param(v: Any) -> Any:
 
 def describe_equation(eqn: Any, dims: dict) -> dict:
     """{"primitive", "params", "inputs"} of `eqn` at the concrete binding `dims`."""
-    from tgx.core import Literal
-    from tgx.transforms.evaluate import concretize
-    from tgx.planning.cost_model import _binding, _shape
-
     env = _binding(dims)
     syms = _symbol_binding(eqn, env)
     params = {k: encode_param(concretize(v, syms)) for k, v in sorted(eqn.params.items())}
@@ -119,10 +134,6 @@ def describe_equation(eqn: Any, dims: dict) -> dict:
 
 def equation_from(desc: dict) -> Any:
     """The one-equation graph's equation rebuilt from `describe_equation`'s data."""
-    from tgx.core import Literal, primitive_by_name
-    from tgx.shapes import DTYPES, ShapedArray
-    from tgx.tracing import GraphBuilder
-
     prim = primitive_by_name(desc["primitive"])
     params = {k: decode_param(v) for k, v in desc["params"].items()}
     with GraphBuilder() as b:
@@ -146,8 +157,6 @@ def _param_symbols(v: Any) -> set:
 def _symbol_binding(eqn: Any, env: dict) -> dict:
     """{Symbol: int} for every symbol of `eqn`'s input shapes and params (iota's shape is
     only in its params), from the binding `env` {name: int}."""
-    from tgx.core import Literal
-
     free = set().union(*(d.free_symbols for a in eqn.invars if not isinstance(a, Literal)
                          for d in a.aval.shape if type(d) is not int),
                        *(_param_symbols(v) for v in eqn.params.values()))
@@ -157,14 +166,6 @@ def _symbol_binding(eqn: Any, env: dict) -> dict:
 def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0) -> dict:
     """A `profile` job: `kernel` on random inputs of `eqn` at `dims`, the primitive's NumPy
     reference (float64 inputs) as golden."""
-    import functools
-
-    from tgx.core import Literal
-    from tgx.transforms.evaluate import concretize
-    from tgx.backends.transfers import CONVERTERS
-    from tgx.planning.cost_model import _binding, _shape
-    from tgx.runtime.compiled import kernel_callable
-
     env = _binding(dims)
     syms = _symbol_binding(eqn, env)
     params = {k: concretize(v, syms) for k, v in eqn.params.items()}
@@ -172,22 +173,11 @@ def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0) -> dict:
                                  for a in eqn.invars if not isinstance(a, Literal)], seed))
     args = [np.asarray(a.val, a.aval.dtype) if isinstance(a, Literal) else arrays.pop(0)
             for a in eqn.invars]
-    conv = CONVERTERS[kernel.backend]
-    bargs = tuple(conv(x) for x in args)
+    backend = get_backend(kernel.backend)
+    bargs = tuple(backend.convert(x) for x in args)
     out_aval = eqn.outvars[0].aval
-    if kernel.writes_out:
-        shape = _shape(out_aval, env)
-        if kernel.backend == "torch":
-            import torch
-
-            from tgx.backends.transfers import torch_dtype
-
-            out = torch.empty(shape, dtype=torch_dtype(out_aval.dtype))
-        else:
-            out = np.empty(shape, out_aval.dtype)
-        fn = functools.partial(kernel.fn, out=out, **params)
-    else:
-        fn = kernel_callable(kernel, params)
+    out = backend.empty(_shape(out_aval, env), out_aval.dtype) if kernel.writes_out else None
+    fn = kernel.bind(params, out)
     ref = functools.partial(eqn.primitive.impl, **params)
     return {"fn": fn, "args": bargs, "golden": ref if eqn.primitive.impl else None,
             "dtype": out_aval.dtype, "sync": kernel.backend,
@@ -202,10 +192,6 @@ def reduction_atol(eqn: Any, args: list, out_shape: tuple, dtype: Any) -> float 
     K = the largest input's elements / output elements; atol = max(default, 4·K·eps).
     Elementwise ops (K ≤ 1) keep the default (None).
     """
-    from tgx.profiling.accuracy import DEFAULT_ATOL
-
-    import ml_dtypes
-
     if not (np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16") or not args:
         return None
     if eqn.primitive.name == "dot_general":
@@ -221,15 +207,10 @@ def reduction_atol(eqn: Any, args: list, out_shape: tuple, dtype: Any) -> float 
 def profile_kernel(eqn: Any, kernel: Any, dims: dict, store: Any, cost_model: Any,
                    budget_s: float = 0.05) -> dict:
     """Profile `kernel` on `eqn` at `dims`; record the trace under the cost model's keys."""
-    from tgx.planning.cost_model import kernel_name
-    from tgx.profiling.runner import profile
-
-    import warnings
-
     ghash, axes, inputs = cost_model.workload(eqn, dims)
     wkey = store.add_workload(ghash, axes, inputs)
     job = kernel_job(eqn, kernel, dims)
-    store.add_implementation("KERNEL", kernel_name(kernel), kernel.backend, kernel.source_hash)
+    store.add_implementation("KERNEL", kernel.label, kernel.backend, kernel.source_hash)
     # Random inputs may leave an op's domain (sqrt of a negative): the golden result has the
     # NaN in the same place, so the trace is still right; the warnings are noise.
     with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -244,9 +225,6 @@ def flagged_jobs(store: Any, env_id: str) -> tuple[list[dict], list[str]]:
     """`profile_many` jobs for the store's pending flags on `env_id` (written by the
     "fastest" policy) and the flag keys they cover. A flag whose kernel is gone or changed
     (source hash) is covered without a job: it is stale."""
-    from tgx.backends.registry import kernels_for
-    from tgx.store.schema import implementation_key
-
     jobs, keys = [], []
     for rec in store.pending(env_id):
         keys.append(rec["key"])

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from tgx.profiling.accuracy import accuracy, golden as compute_golden, to_numpy
+from tgx.profiling.accuracy import accuracy, to_numpy
+from tgx.profiling.accuracy import golden as compute_golden
 from tgx.profiling.progress import Progress
 from tgx.profiling.timing import measure, sync_for
-from tgx.store import Status, sniff_environment
+from tgx.store import Status
 from tgx.store.schema import TRACE_FIELDS
 
 _MEASURE_KEYS = ("sync", "warmup", "min_repeats", "max_repeats", "budget_s", "rel_tol",
@@ -240,13 +241,8 @@ def _wait(proc: subprocess.Popen, ready_fd: int, timeout_s: float) -> str | None
         return what
 
 
-_ENV_IDS: dict[str, str] = {}
-
-
 def _env_id(store: Any) -> str:
-    if store.path not in _ENV_IDS:
-        _ENV_IDS[store.path] = store.add_environment(sniff_environment())
-    return _ENV_IDS[store.path]
+    return store.environment_id()
 
 
 def _prepare(fn: str | Callable, args: Sequence[Any], golden: Any, graph_hash: str | None,

@@ -11,6 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from ..backends import get_backend
+from ..errors import TgxError
+
 #: A call faster than this is timed in loops of k calls (timer resolution and the Python
 #: overhead of the timing loop would dominate a single call).
 BATCH_BELOW_S = 20e-6
@@ -40,26 +43,26 @@ class Timing:
 def sync_for(backend: str | None) -> Callable[[Any], None] | None:
     """The `sync` function that waits for `backend`'s asynchronous work, or None.
 
-    ``"numpy"``, ``"torch"``/``"torch-cpu"`` need none; ``"torch-cuda"``/``"cuda"`` call
-    ``torch.cuda.synchronize()``; ``"jax"`` (any device) calls ``jax.block_until_ready`` on
-    the result.
+    `backend`: a backend name, optionally with a device (``"torch-cuda"``, ``"torch:cpu"``,
+    ``"jax"``); ``"cuda"`` / ``"cuda:<i>"`` mean torch on that GPU. The backend object says
+    what waiting means (`Backend.sync_fn`): nothing for NumPy and CPU torch,
+    ``torch.cuda.synchronize()`` on a GPU, ``jax.block_until_ready`` for jax.
 
     >>> sync_for("numpy") is None
     True
     """
-    b = (backend or "numpy").lower()
-    if b in ("numpy", "torch", "torch-cpu", "torch:cpu", "cpu"):
+    if backend is None:
         return None
-    if b in ("cuda", "torch-cuda", "torch:cuda") or b.startswith("cuda:"):
-        import torch
-
-        return lambda _result: torch.cuda.synchronize()
-    if b.startswith("jax"):
-        import jax
-
-        return lambda result: jax.block_until_ready(result)
-    raise ValueError(f"sync_for: unknown backend {backend!r}; expected numpy, torch, "
-                     "torch-cuda, cuda or jax")
+    spec = backend.lower()
+    if spec == "cuda" or spec.startswith("cuda:"):
+        name, device = "torch", spec
+    else:
+        name, _, device = spec.replace(":", "-", 1).partition("-")
+    try:
+        b = get_backend(name)
+    except TgxError as e:
+        raise TgxError(f"sync_for: {e}") from None
+    return b.sync_fn({"": None, "cuda": "cuda:0"}.get(device, device))
 
 
 def _l2_flusher() -> tuple[Callable[[], None] | None, str]:

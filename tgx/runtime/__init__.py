@@ -1,1 +1,2 @@
-"""The runtime: `CompiledGraph` (the flat instruction list and its run loop) and the buffer plan it resolves per binding."""
+"""The runtime: `CompiledGraph` (the flat instruction list and its run loop) and the buffer
+plan it resolves per binding."""

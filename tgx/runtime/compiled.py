@@ -18,109 +18,21 @@ array([2., 2., 2.], dtype=float32)
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from ..backends import backend_of, get_backend, to_host
+from ..core import pp_eqn, var_namer
 from ..errors import BindingError, DTypeError, KernelError
 from ..shapes import ShapedArray, eval_dim, shape_str
+from ..transforms.evaluate import bind_dims
+from .memory import ALIGNMENT
 
-ALIGNMENT = 64
 # Bindings kept specialized at once (each owns a workspace sized for its dims).
 MAX_SPECIALIZATIONS = 16
-
-
-@dataclass(frozen=True)
-class Device:
-    """A memory space: `Device("cpu")`, `Device("cuda", 0)`; `str()` gives `"cuda:0"`.
-
-    >>> Device.parse("cuda:1"), str(Device("cpu"))
-    (Device(kind='cuda', index=1), 'cpu')
-    """
-
-    kind: str = "cpu"
-    index: int = 0
-
-    @staticmethod
-    def parse(name: str | Device) -> Device:
-        """`"cpu"`, `"cuda"` (= `"cuda:0"`) or `"cuda:<index>"`; anything else is a
-        `KernelError` naming the string."""
-        if isinstance(name, Device):
-            return name
-        kind, colon, idx = str(name).strip().partition(":")
-        if kind not in ("cpu", "cuda") or (colon and not idx.isdigit()) or (
-                kind == "cpu" and idx not in ("", "0")):
-            raise KernelError(f"unknown device {name!r} (expected 'cpu', 'cuda' or "
-                              f"'cuda:<index>')")
-        return Device(kind, int(idx or 0))
-
-    def __str__(self) -> str:
-        return "cpu" if self.kind == "cpu" else f"{self.kind}:{self.index}"
-
-
-def cuda_available() -> bool:
-    import importlib.util
-    import sys
-
-    if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
-        return False
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-def device_unavailable_reason(device: str | Device, backend: str) -> str | None:
-    """Why `backend` cannot run kernels on `device`, or None when it can.
-
-    Every backend runs on the CPU; on `cuda:<i>`, torch needs `torch.cuda.is_available()` and
-    at least i+1 devices, jax needs a gpu platform with at least i+1 devices, and NumPy never
-    can (it is host-only: NumPy equations of a CUDA plan run on the host).
-
-    >>> device_unavailable_reason("cpu", "torch") is None
-    True
-    >>> device_unavailable_reason("cuda:0", "numpy")
-    'numpy runs on the host (cpu) only'
-    """
-    dev = Device.parse(device)
-    if dev.kind == "cpu":
-        return None
-    if backend == "numpy":
-        return "numpy runs on the host (cpu) only"
-    if backend == "torch":
-        if not _installed("torch"):
-            return "torch is not installed"
-        import torch
-
-        if not torch.cuda.is_available():
-            build = "" if torch.version.cuda else ", a CPU-only build"
-            return f"torch.cuda.is_available() is False (torch {torch.__version__}{build})"
-        n = torch.cuda.device_count()
-        if dev.index >= n:
-            return f"torch sees {n} CUDA device(s), so there is no {dev}"
-        return None
-    if backend == "jax":
-        if not _installed("jax"):
-            return "jax is not installed"
-        import jax
-
-        try:
-            gpus = jax.devices("gpu")
-        except RuntimeError as e:  # a CPU-only jaxlib: "Unknown backend: 'gpu' requested…"
-            return f"jax has no gpu device (jax.devices('gpu') failed: {e})"
-        if dev.index >= len(gpus):
-            return f"jax sees {len(gpus)} gpu device(s), so there is no {dev}"
-        return None
-    return f"backend {backend!r} does not run on {dev}"
-
-
-def _installed(module: str) -> bool:
-    import importlib.util
-    import sys
-
-    return module in sys.modules or importlib.util.find_spec(module) is not None
 
 
 def allocate_workspace(nbytes: int) -> np.ndarray:
@@ -134,12 +46,7 @@ def workspace_view(ws: np.ndarray, offset: int, shape: tuple, dtype: np.dtype,
                    backend: str):
     """A view of `shape`/`dtype` at byte `offset` of workspace `ws`, in `backend`'s format."""
     n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    view = ws[offset:offset + n].view(dtype).reshape(shape)
-    if backend == "torch":
-        from ..backends.transfers import to_torch
-
-        return to_torch(view)
-    return view
+    return get_backend(backend).workspace_view(ws[offset:offset + n].view(dtype).reshape(shape))
 
 
 @dataclass
@@ -162,6 +69,8 @@ class Instruction:
     inplace_ok: bool = False
     #: with `returns_view`: the inputs the result may be a view of (None: any of them)
     view_of: tuple | None = None
+    #: the callable returns a tuple of results, one per output slot (a region)
+    multi_out: bool = False
 
 
 @dataclass
@@ -184,7 +93,7 @@ class CompiledGraph:
                  workspace: dict | None = None, memory=None, symbols: Sequence = (),
                  weight_args: Sequence[int] = (), weight_copies: Sequence[tuple] = (),
                  state: Sequence[tuple] = (), state_reasons: Sequence[str] = (),
-                 state_alias_outs: Sequence[int] = ()):
+                 state_alias_outs: Sequence[int] = (), graph=None):
         self.n_slots = n_slots
         self.in_slots = tuple(in_slots)
         self.in_avals = tuple(in_avals)
@@ -192,6 +101,8 @@ class CompiledGraph:
         self.out_slots = tuple(out_slots)
         self.consts = consts  # slot -> value, or callable(dims) -> value
         self.instructions = list(instructions)
+        #: the graph whose equations the instructions' `eqns` indices refer to (for errors)
+        self.graph = graph
         self.dead = list(dead)
         self.workspace = workspace or {}  # slot -> buffer name in `memory`
         self.memory = memory
@@ -226,8 +137,6 @@ class CompiledGraph:
         mutation of a bound array is not detected (NumPy arrays carry no version counter
         that could be checked cheaply): treat weights as immutable and pass new arrays.
         """
-        from ..backends.transfers import CONVERTERS
-
         src = tuple(args[i] for i in self.weight_args)
         old = dict(zip(self.weight_args, self._bound_src))
         prev = {s: v for (a, s, _, _), (_, v) in zip(self.weight_copies, self._bound)
@@ -240,7 +149,7 @@ class CompiledGraph:
                 continue
             if type(x) is not np.ndarray:
                 x = _coerce(x, self.in_avals[a])
-            bound.append((slot, CONVERTERS[backend](x, device=device)))
+            bound.append((slot, get_backend(backend).convert(x, device)))
             self.weight_conversions += 1
         self._bound_src, self._bound = src, tuple(bound)
 
@@ -258,8 +167,6 @@ class CompiledGraph:
 
     def _key(self, args) -> tuple:
         if self._sources is None:
-            from ..transforms.evaluate import bind_dims
-
             env = bind_dims(self.in_avals, args, self.in_names)
             return tuple(env[s] for s in self.symbols)
         try:
@@ -288,9 +195,7 @@ class CompiledGraph:
         workspace = {}
         if self.memory is not None:
             if self.memory_budget is not None:
-                from ..compiler import check_budget
-
-                check_budget(self.memory, self.memory_budget, names)
+                self.memory.check_budget(self.memory_budget, **names)
             if self.workspace:
                 res = self.memory.resolve(**names)
                 offsets = dict(zip((r.name for r in self.memory.requests), res.offsets))
@@ -311,8 +216,7 @@ class CompiledGraph:
         for ins, dead in zip(self.instructions, self.dead):
             out = views.get(ins.outs[0]) if ins.writes_out else None
             fn = ins.build(dims, out)
-            outs = ins.outs[0] if len(ins.outs) == 1 and not ins.label.startswith("jax.jit") \
-                else ins.outs
+            outs = ins.outs[0] if len(ins.outs) == 1 and not ins.multi_out else ins.outs
             instrs.append((fn, ins.ins, outs, dead))
         shapes = tuple((tuple(eval_dim(d, dims) for d in a.shape), a.dtype)
                        for a in self.in_avals)
@@ -351,16 +255,17 @@ class CompiledGraph:
         return objs
 
     def _state_tensor_ok(self, x, a: int) -> bool:
-        from ..backends.transfers import _is_torch
-
-        if not _is_torch(x):
+        """A backend array as state (with return_backend_arrays): tgx writes the new state
+        through NumPy, so it needs a writable host view sharing the array's memory."""
+        b = backend_of(x)
+        if b is None or not self.state_backend_arrays:
             return False
-        if not self.state_backend_arrays:
-            return False
-        if x.device.type != "cpu" or not x.is_contiguous() or x.requires_grad:
-            raise BindingError(f"state {self.in_names[a]}: a torch state tensor must be a "
-                               f"contiguous CPU tensor without requires_grad (tgx writes into "
-                               f"its memory through NumPy), got one on {x.device}")
+        if b.host_view(x) is None:
+            raise BindingError(f"state {self.in_names[a]}: tgx writes the new state through a "
+                               f"NumPy view of the array, and this {b.name} array has none "
+                               f"(a {b.name} state array must be a contiguous CPU array, "
+                               f"without requires_grad); got one on "
+                               f"{getattr(x, 'device', '?')}")
         return True
 
     def _write_state(self, args: list, objs: list, outs: list) -> None:
@@ -370,11 +275,9 @@ class CompiledGraph:
             outs[j] = _snapshot(outs[j])
         for (a, o, copy), obj in zip(self.state, objs):
             if copy:
-                from ..backends.transfers import to_numpy
-
                 dst, src = args[a], outs[o]
                 if src is not dst:
-                    np.copyto(dst, to_numpy(src))
+                    np.copyto(dst, to_host(src))
             outs[o] = obj
 
     # -- the hot path ------------------------------------------------------------------------
@@ -403,18 +306,42 @@ class CompiledGraph:
             slots[slot] = a
         for slot, v in self._bound:
             slots[slot] = v
-        for fn, ins, out, dead in spec.instrs:
-            if type(out) is int:
-                slots[out] = fn(*[slots[i] for i in ins])
-            else:
-                for o, v in zip(out, fn(*[slots[i] for i in ins])):
-                    slots[o] = v
-            for d in dead:
-                slots[d] = None
+        try:  # no cost on the hot path (zero-cost exceptions); the context on failure
+            for fn, ins, out, dead in spec.instrs:
+                if type(out) is int:
+                    slots[out] = fn(*[slots[i] for i in ins])
+                else:
+                    for o, v in zip(out, fn(*[slots[i] for i in ins])):
+                        slots[o] = v
+                for d in dead:
+                    slots[d] = None
+        except Exception as e:
+            raise self._kernel_error(spec, fn, ins, slots, e) from e
         outs = [slots[o] for o in self.out_slots]
         if objs is not None:
             self._write_state(args, objs, outs)
         return outs
+
+    def _kernel_error(self, spec, fn, ins, slots, error: Exception) -> KernelError:
+        """A `KernelError` naming the instruction that raised `error`, its kernel, the
+        equations it runs (with the user's file:line) and its input shapes (FX's "While
+        executing …")."""
+        t = next(t for t, step in enumerate(spec.instrs) if step[0] is fn and step[1] is ins)
+        instr = self.instructions[t]
+        shapes = ", ".join(f"{getattr(slots[i], 'dtype', type(slots[i]).__name__)}"
+                           f"{list(getattr(slots[i], 'shape', ()))}" for i in ins)
+        lines = [f"kernel {instr.label} (instruction {t} of {len(self.instructions)}, on "
+                 f"{instr.backend}) failed: {type(error).__name__}: {error}",
+                 f"  inputs: {shapes or 'none'}"]
+        name = var_namer(self.graph) if self.graph is not None else var_namer()
+        for j in instr.eqns[:4]:
+            if self.graph is not None and j < len(self.graph.eqns):
+                e = self.graph.eqns[j]
+                lines.append(f"  while running {pp_eqn(e, name)}"
+                             + (f"\n    at {e.source_info}" if e.source_info else ""))
+        if len(instr.eqns) > 4:
+            lines.append(f"  … and {len(instr.eqns) - 4} more equations of this region")
+        return KernelError("\n".join(lines))
 
     def _raise_mismatch(self, i, a, shape, dtype):
         if a.dtype != dtype:
@@ -439,19 +366,6 @@ def _snapshot(x):
 
 
 def _coerce(x, aval: ShapedArray):
-    from ..backends.transfers import to_numpy
-
     if isinstance(x, (bool, int, float)):
         return np.asarray(x, dtype=aval.dtype)
-    return to_numpy(x) if hasattr(x, "shape") else np.asarray(x)
-
-
-def kernel_callable(kernel, params: dict, out=None) -> Callable:
-    """`kernel` with its params (and `out=` view) baked in: the instruction's callable."""
-    if out is not None:
-        return functools.partial(kernel.fn, out=out, **params)
-    if kernel.specialize is not None:
-        return kernel.specialize(params)
-    if not params:
-        return kernel.fn
-    return functools.partial(kernel.fn, **params)
+    return to_host(x)

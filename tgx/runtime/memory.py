@@ -39,8 +39,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
 import operator
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
@@ -48,13 +48,14 @@ from typing import Any, NamedTuple
 
 import sympy
 
-try:  # the project's exception hierarchy; fall back so the planner stays standalone
-    from tgx.errors import OutOfMemory
-except ImportError:  # pragma: no cover - only when tgx.errors is absent
-
-    class OutOfMemory(MemoryError):  # the integrator moves this to tgx.errors
-        """A plan needs more memory than the budget allows."""
-
+from ..errors import (
+    BindingError,
+    DTypeError,
+    OptionError,
+    OutOfMemory,
+    SymbolicShapeError,
+)
+from ..shapes import HINT
 
 __all__ = [
     "ALIGNMENT",
@@ -71,7 +72,6 @@ __all__ = [
 
 ALIGNMENT = 64
 KINDS = ("transient", "persistent", "state")
-DEFAULT_HINT = 64
 # Above this many Max terms an offset stays nested (refers to the offset below it) instead
 # of being flattened, so expression size cannot blow up on dense schedules.
 _MAX_FLAT_TERMS = 12
@@ -153,7 +153,7 @@ def _over_integer(e: sympy.Expr) -> tuple[sympy.Expr, int]:
         return e, 1  # fast path: together() is slow and there is nothing to clear
     num, den = sympy.fraction(sympy.together(e))
     if not den.is_Integer:
-        raise NotImplementedError(f"cannot compile {e}: symbolic denominator {den}")
+        raise SymbolicShapeError(f"cannot compile {e}: symbolic denominator {den}")
     return num, int(den)
 
 
@@ -184,7 +184,7 @@ def _py(e: sympy.Expr, names: Mapping[str, str]) -> str:
         return _py(num, names)
     if e.is_Pow and e.exp.is_Integer and e.exp >= 0:
         return f"({_py(e.base, names)})**{int(e.exp)}"
-    raise NotImplementedError(f"cannot compile {e!r} to integer Python")
+    raise SymbolicShapeError(f"cannot compile {e!r} to integer Python")
 
 
 def _poly(e: sympy.Expr) -> dict:
@@ -275,11 +275,11 @@ def liveness(
         n_instr = i + 1
         for n in ins:
             if n not in life:
-                raise ValueError(f"instruction {i} reads {n!r} before it is defined")
+                raise OptionError(f"instruction {i} reads {n!r} before it is defined")
             life[n][1] = max(life[n][1], i)
         for n in outs:
             if n in life:
-                raise ValueError(f"instruction {i} redefines {n!r}")
+                raise OptionError(f"instruction {i} redefines {n!r}")
             life[n] = [i, i]
     for n in outputs:
         life[n][1] = n_instr
@@ -352,13 +352,13 @@ def plan_memory(
     symbols: dict[str, sympy.Symbol] = {}
     for i, r in enumerate(reqs):
         if not isinstance(r, BufferRequest):
-            raise TypeError(f"expected BufferRequest, got {type(r).__name__}")
+            raise DTypeError(f"expected BufferRequest, got {type(r).__name__}")
         if r.name in index:
-            raise ValueError(f"duplicate buffer name {r.name!r}")
+            raise OptionError(f"duplicate buffer name {r.name!r}")
         if r.kind not in KINDS:
-            raise ValueError(f"buffer {r.name!r}: kind must be one of {KINDS}, got {r.kind!r}")
+            raise OptionError(f"buffer {r.name!r}: kind must be one of {KINDS}, got {r.kind!r}")
         if r.start > r.end:
-            raise ValueError(f"buffer {r.name!r}: start {r.start} > end {r.end}")
+            raise OptionError(f"buffer {r.name!r}: start {r.start} > end {r.end}")
         index[r.name] = i
         s = aligned_size(r.nbytes, alignment)
         sizes.append(s)
@@ -366,15 +366,16 @@ def plan_memory(
             symbols.setdefault(sym.name, sym)
     for r in reqs:
         if r.inplace_of is not None and r.inplace_of not in index:
-            raise ValueError(f"buffer {r.name!r}: inplace_of names unknown buffer {r.inplace_of!r}")
+            raise OptionError(f"buffer {r.name!r}: inplace_of names unknown buffer "
+                              f"{r.inplace_of!r}")
 
     sym_names = sorted(symbols)
     hints = [hint] if hint is None or isinstance(hint, Mapping) else list(hint)
     if not hints:
-        raise ValueError("hint: give a binding or a non-empty list of bindings")
+        raise OptionError("hint: give a binding or a non-empty list of bindings")
     hint_values = []
     for h in hints:
-        hv = dict.fromkeys(sym_names, DEFAULT_HINT)
+        hv = dict.fromkeys(sym_names, HINT)
         for k, v in (h or {}).items():
             hv[k.name if isinstance(k, sympy.Symbol) else str(k)] = int(v)
         hint_values.append(hv)
@@ -386,7 +387,7 @@ def plan_memory(
         hsizes.append(size_fns.evaluate(tuple(hv[n] for n in sym_names)))
         for r, h in zip(reqs, hsizes[-1]):
             if h < 0:
-                raise ValueError(f"buffer {r.name!r}: negative size {h} at the hint {hv}")
+                raise OptionError(f"buffer {r.name!r}: negative size {h} at the hint {hv}")
 
     # Alias groups: an in-place output joins its input's storage when that is provably safe.
     groups: list[_Group] = []
@@ -592,14 +593,14 @@ class MemoryPlan:
             vals = tuple(dims[n] for n in self.symbols)
         except KeyError as e:
             needs = ", ".join(self.symbols)
-            raise TypeError(f"missing dim {e.args[0]} (the plan needs {needs})") from None
+            raise BindingError(f"missing dim {e.args[0]} (the plan needs {needs})") from None
         try:  # operator.index accepts numpy integers and rejects floats
             vals = tuple(operator.index(v) for v in vals)
         except TypeError:
             vals = ()
         if len(vals) != len(self.symbols) or any(v < 1 for v in vals):
             got = ", ".join(f"{n}={dims[n]!r}" for n in self.symbols)
-            raise ValueError(f"dims must be positive integers, got {got}")
+            raise OptionError(f"dims must be positive integers, got {got}")
         return vals
 
     # ---- hot path
@@ -714,11 +715,27 @@ class MemoryPlan:
         peak = self.peak(**dims)
         return {d: peak[d] + kinds["persistent"][d] + kinds["state"][d] for d in self.devices}
 
+    def device_needs(self, **dims: int) -> dict[str, int]:
+        """`estimate_memory` per real device: a library's own allocations, accounted on the
+        pseudo-device `<device>/owned`, count towards `<device>`.
+
+        Example:
+            >>> plan_memory([BufferRequest("a", 100, -1, 0),
+            ...              BufferRequest("b", 50, -1, 0, device="cpu/owned")]).device_needs()
+            {'cpu': 192}
+        """
+        out: dict[str, int] = {}
+        for d, nbytes in self.estimate_memory(**dims).items():
+            real = d.split("/")[0]
+            out[real] = out.get(real, 0) + nbytes
+        return out
+
     def check_budget(self, budget: int | Mapping[str, int], **dims: int) -> dict[str, int]:
-        """Raise :class:`OutOfMemory` when a device needs more than its budget.
+        """Raise :class:`OutOfMemory` when a device needs more than its budget; the one
+        budget check (plans and compiled functions call it before any kernel runs).
 
         ``budget`` is bytes for every device, or a dict per device (devices not named are not
-        checked).  Returns :meth:`estimate_memory`.
+        checked).  Returns :meth:`device_needs`.
 
         Example:
             >>> plan = plan_memory([BufferRequest("a", 2**30, -1, 0)])
@@ -727,21 +744,28 @@ class MemoryPlan:
             ...
             tgx.errors.OutOfMemory: workspace on cpu needs 1.0 GiB () but memory_budget is 512.0 MiB
         """
-        need = self.estimate_memory(**dims)
+        need = self.device_needs(**dims)
         kinds = self._per_kind(dims)
+        peak = self.peak(**dims)
         dims_txt = ", ".join(f"{n}={dims[n]}" for n in self.symbols)
-        for d in self.devices:
+        for d in need:
             limit = budget.get(d) if isinstance(budget, Mapping) else budget
             if limit is None or need[d] <= limit:
                 continue
-            extra = kinds["persistent"][d] + kinds["state"][d]
-            if extra == 0:
+            parts = {"workspace": peak.get(d, 0),
+                     "library-owned": sum(peak[p] for p in peak if p.startswith(d + "/")),
+                     "persistent": sum(kinds["persistent"][p] for p in kinds["persistent"]
+                                       if p.split("/")[0] == d),
+                     "state": sum(kinds["state"][p] for p in kinds["state"]
+                                  if p.split("/")[0] == d)}
+            if parts["workspace"] == need[d]:
                 msg = f"workspace on {d} needs {format_bytes(need[d])} ({dims_txt})"
             else:
+                shown = [k for k in parts if parts[k] or k in ("workspace", "persistent",
+                                                               "state")]
                 msg = (f"memory on {d} needs {format_bytes(need[d])} ({dims_txt}"
-                       f"{': ' if dims_txt else ''}workspace {format_bytes(need[d] - extra)}"
-                       f" + persistent {format_bytes(kinds['persistent'][d])}"
-                       f" + state {format_bytes(kinds['state'][d])})")
+                       f"{': ' if dims_txt else ''}"
+                       + " + ".join(f"{k} {format_bytes(parts[k])}" for k in shown) + ")")
             raise OutOfMemory(f"{msg} but memory_budget is {format_bytes(limit)}")
         return need
 

@@ -34,7 +34,7 @@ from tinydb import TinyDB
 from tinydb.storages import Storage
 
 from tgx.store import schema
-from tgx.store.environment import environment_id
+from tgx.store.environment import environment_id, sniff_environment
 from tgx.store.schema import (
     ENVIRONMENTS,
     GRAPHS,
@@ -51,6 +51,9 @@ from tgx.store.schema import (
 )
 
 _PASSED = Status.PASSED.value
+
+
+_ENV_IDS: dict[str, str] = {}  # store path -> this machine's environment id
 
 
 def default_store_path() -> str:
@@ -445,6 +448,15 @@ class BenchmarkStore:
         rec = schema.make_implementation(kind, name, backend, source_hash, requirements,
                                          payload)
         return self._add_unique(IMPLEMENTATIONS, "impls", rec["key"], rec)
+
+    def environment_id(self) -> str:
+        """The id of this machine's environment, recorded in the store on first use (once
+        per process and store path)."""
+        key = self.path
+        hit = _ENV_IDS.get(key)
+        if hit is None:
+            hit = _ENV_IDS[key] = self.add_environment(sniff_environment())
+        return hit
 
     def add_environment(self, env: Mapping[str, Any]) -> str:
         """Store an environment (see `sniff_environment`); dedupe on its id; returns the id.

@@ -12,13 +12,15 @@ import json
 import os
 import platform
 import sys
+from importlib import metadata
 from typing import Any
+
+from ..backends import _SPECS
 
 #: Fields that identify an environment; timestamps and host names are deliberately absent
 #: so the same machine + software gives the same id in every process.
 ID_FIELDS = ("cpu_model", "cpu_cores", "memory_bytes", "gpus", "os", "machine",
              "python", "libraries")
-_LIBRARIES = ("numpy", "torch", "jax", "jaxlib", "tgx")
 
 
 def _cpu_model() -> str:
@@ -47,10 +49,15 @@ def _memory_bytes() -> int | None:
         return None
 
 
+def _libraries() -> list[str]:
+    """NumPy, every registered backend's array libraries, and tgx."""
+    libs = ["numpy"] + [m for spec in _SPECS.values() for m in spec.array_modules]
+    return list(dict.fromkeys(libs + ["tgx"]))
+
+
 def _library_versions() -> dict[str, str | None]:
-    from importlib import metadata
     out: dict[str, str | None] = {}
-    for name in _LIBRARIES:
+    for name in _libraries():
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:

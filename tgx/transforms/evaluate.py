@@ -6,8 +6,8 @@ is an error that names both arguments (`N = 3 from x, N = 4 from y`).
 
 from __future__ import annotations
 
-from typing import Any
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import sympy

@@ -10,8 +10,8 @@ Regions of a single equation stay as they are.
 
 from __future__ import annotations
 
-from ..graph.canonical import priority_toposort
 from ..core import Eqn, Graph, Literal, Var
+from ..graph.canonical import priority_toposort
 from ..primitives import fused as _fused  # noqa: F401 - registers the `fused` primitive
 from ..primitives.fused import fused_p
 from ..tracing import GraphBuilder

@@ -29,10 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from ..core import Eqn, Graph, Literal, Var
+from .. import numpy as tnp
+from ..core import Eqn, Graph, Literal, Var, pp_eqn
 from ..errors import TgxError
-from ..core import pp_eqn
-from ..shapes import is_concrete_shape, math_prod, shapes_equal
+from ..graph.hashing import literal_key
+from ..primitives import dot_general_p, transpose_p
+from ..shapes import aval_of, is_concrete_shape, math_prod, shapes_equal
 from ..tracing import GraphBuilder, Tracer
 from .rewrite import rebind
 
@@ -134,7 +136,6 @@ class Ctx:
 def _aval(x):
     if isinstance(x, (Tracer, Literal)):
         return x.aval
-    from ..shapes import aval_of
 
     return aval_of(x)
 
@@ -168,12 +169,13 @@ def _tracer_of(ctx: Ctx, atom):
 def _identity(eqn, ins, ctx):
     name = eqn.primitive.name
     x = ins[0]
+    rank = len(_aval(x).shape)
     if not _same_aval(_aval(x), eqn.outvars[0].aval):
         return None
-    if name == "transpose" and tuple(eqn.params["permutation"]) != tuple(range(len(x.shape))):
+    if name == "transpose" and tuple(eqn.params["permutation"]) != tuple(range(rank)):
         return None
     if name == "broadcast_in_dim" and \
-            tuple(eqn.params["broadcast_dimensions"]) != tuple(range(len(x.shape))):
+            tuple(eqn.params["broadcast_dimensions"]) != tuple(range(rank)):
         return None
     if isinstance(x, Literal):
         return None  # an output cannot be a bare literal of the new graph in every case
@@ -189,7 +191,6 @@ def _transpose_of_transpose(eqn, ins, ctx):
     src = _tracer_of(ctx, p.invars[0])
     if perm == tuple(range(len(perm))):
         return [src]
-    from ..primitives import transpose_p
 
     return [transpose_p.bind(src, permutation=perm)]
 
@@ -212,7 +213,6 @@ def _fold_transpose_into_dot(eqn, ins, ctx):
         changed = True
     if not changed:
         return None
-    from ..primitives import dot_general_p
 
     dn = ((dims[0][0], dims[1][0]), (dims[0][1], dims[1][1]))
     return [dot_general_p.bind(*new_ins, dimension_numbers=dn)]
@@ -259,15 +259,11 @@ def _algebraic(eqn, ins, ctx):
     if name == "mul" and ctx.unsafe_math:
         for b in (x, y):
             if _is_all(ctx, b, 0):
-                from .. import numpy as tnp
-
                 return [tnp.zeros(out.shape, out.dtype)]
     return None
 
 
 def _cse_key(eqn: Eqn, ins: list):
-    from ..graph.hashing import literal_key
-
     keys = []
     for x in ins:
         if isinstance(x, Tracer):

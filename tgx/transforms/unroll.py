@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .. import numpy as tnp
-from ..errors import ShapeError
+from ..errors import OptionError, ShapeError
 from ..shapes import dim_str
 from ..tracing import tree_flatten, tree_unflatten
 
@@ -27,7 +27,7 @@ def unroll(cell: Callable, steps: int) -> Callable:
     (7.0, [1.0, 4.0, 12.0])
     """
     if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"unroll: steps must be a positive int, got {steps!r}")
+        raise OptionError(f"unroll: steps must be a positive int, got {steps!r}")
 
     def step(carry, xs):
         leaves, tree = tree_flatten(xs)

@@ -1,0 +1,58 @@
+"""Devices: memory spaces (`cpu`, `cuda:0`) that several backends can share.
+
+>>> Device.parse("cuda:1"), str(Device("cpu"))
+(Device(kind='cuda', index=1), 'cpu')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import KernelError
+
+#: the host's memory space: graph inputs and outputs live here, as NumPy arrays
+HOST = "cpu"
+
+
+@dataclass(frozen=True)
+class Device:
+    """A memory space: `Device("cpu")`, `Device("cuda", 0)`; `str()` gives `"cuda:0"`."""
+
+    kind: str = "cpu"
+    index: int = 0
+
+    @staticmethod
+    def parse(name: str | Device) -> Device:
+        """`"cpu"`, `"cuda"` (= `"cuda:0"`) or `"cuda:<index>"`; anything else is a
+        `KernelError` naming the string."""
+        if isinstance(name, Device):
+            return name
+        kind, colon, idx = str(name).strip().partition(":")
+        if kind not in ("cpu", "cuda") or (colon and not idx.isdigit()) or (
+                kind == "cpu" and idx not in ("", "0")):
+            raise KernelError(f"unknown device {name!r} (expected 'cpu', 'cuda' or "
+                              f"'cuda:<index>')")
+        return Device(kind, int(idx or 0))
+
+    @property
+    def is_host(self) -> bool:
+        return self.kind == "cpu"
+
+    def __str__(self) -> str:
+        return "cpu" if self.kind == "cpu" else f"{self.kind}:{self.index}"
+
+
+def device_name(device: str | Device) -> str:
+    """The canonical name of `device` (`"cuda"` → `"cuda:0"`), checked."""
+    return str(Device.parse(device))
+
+
+def owned(device: str) -> str:
+    """The pseudo-device of the values a library allocates on `device` (`"cuda:0/owned"`):
+    the buffer plan accounts them there, apart from tgx's own workspace."""
+    return f"{device}/owned"
+
+
+def real_device(name: str) -> str:
+    """`"cpu/owned"` → `"cpu"`: the memory space a (pseudo-)device name is in."""
+    return name.split("/")[0]

@@ -1,0 +1,388 @@
+"""EXPLORE and `tgx.paths`: measure what the planners would otherwise guess.
+
+- `explore_kernels`: profile every candidate kernel of a graph (and of its decompositions) the
+  store has not measured on this machine, one backend after another.
+- `candidate_assignments` + `measure_assignments`: a shortlist of whole plans (the heuristic
+  plan, every single-backend plan, the best predicted plan on every set of two or more
+  backends), each lowered through `lower_assignment` with the caller's options — so what is
+  timed is what runs — checked against the reference evaluator, timed round-robin and
+  recorded as GRAPH_RECIPEs (`tgx.planning.recipes`), which FASTEST then takes.
+- `tgx.paths(fn)(...)`: every valid plan, lazily (`tgx.planning.paths`), whose plans can also
+  be run, profiled and saved here.
+
+>>> import tgx, tgx.numpy as tnp, tempfile, os
+>>> from tgx.store import BenchmarkStore
+>>> from tgx.planning.options import PlanOptions
+>>> from tgx.planning.heuristic import heuristic_assignment
+>>> store = BenchmarkStore(os.path.join(tempfile.mkdtemp(), "s.json"))
+>>> g = tgx.make_graph(lambda x: tnp.exp(x) * 2.0)(tgx.Spec(("N",)))
+>>> plans = {"numpy": heuristic_assignment(g, ["numpy"])}
+>>> measure_assignments(g, plans, store, {"N": 32}, PlanOptions(), budget_s=0.01)
+1
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import math
+import random
+import statistics
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+
+import msgpack
+import numpy as np
+
+from .core import Graph
+from .errors import TgxError
+from .graph import structural_hash
+from .lowering.lower import lower_assignment
+from .planning import paths as _paths
+from .planning.assignment import Assignment
+from .planning.candidates import accepted_kernels
+from .planning.cost_model import CostModel
+from .planning.heuristic import heuristic_assignment
+from .planning.options import PlanOptions
+from .planning.recipes import assignment_digest, graph_keys, record_recipe
+from .planning.selection import realize, select
+from .profiling import input_descriptors, measure, profile
+from .profiling.pending import profile_kernel, random_inputs
+from .profiling.progress import Progress
+from .serialize import SerializationError, graph_to_bytes
+from .shapes import concrete_shape
+from .store import BenchmarkStore
+from .tracing import make_graph, tree_flatten
+from .transforms.decompose import decomposition_graph
+from .transforms.evaluate import bind_dims, eval_graph, eval_graph_flat
+
+#: plans measured within this fraction of the fastest get extra passes (see
+#: `measure_assignments`)
+CLOSE = 0.15
+
+
+# -- kernels -----------------------------------------------------------------------------------
+
+def _all_equations(graph: Graph):
+    """Every equation of `graph` and of its decompositions, recursively (EXPLORE's scope)."""
+    seen: set = set()
+    stack = list(graph.eqns)
+    while stack:
+        e = stack.pop()
+        key = (e.primitive.name, repr(sorted(e.params.items())),
+               tuple(str(a.aval) for a in e.invars))
+        if key in seen:
+            continue
+        seen.add(key)
+        yield e
+        if e.primitive.decomposition is not None:
+            stack.extend(decomposition_graph(e).eqns)
+
+
+def unmeasured(graph: Graph, backends, store, cost_model, dims) -> list[tuple]:
+    """(equation, kernel) for every candidate kernel of `graph` and its decompositions that
+    the store has no trace of at `dims` on this machine."""
+    todo = []
+    for e in _all_equations(graph):
+        ghash, wkey = cost_model.keys(e, dims)
+        for b in backends:
+            for k in accepted_kernels(e, b):
+                if not store.measured(ghash, cost_model.impl_key(k), wkey, cost_model.env_id):
+                    todo.append((e, k))
+    return todo
+
+
+def explore_kernels(graph: Graph, backends, store, cost_model, dims, budget_s: float = 0.05, *,
+                    time_limit_s: float | None = None, progress: bool | None = False) -> int:
+    """Profile every unmeasured candidate kernel at `dims` (random inputs, the NumPy reference
+    as golden), for at most `time_limit_s` in all, with a progress bar on stderr when
+    `progress`; returns how many were profiled. What the limit leaves out stays unmeasured
+    (the cost model prices it) and a later call continues where this one stopped."""
+    # One backend after another, with a pause at each change: a library's worker threads
+    # spin for up to ~0.1 s after its last call (OpenBLAS, torch's OpenMP pool), and a kernel
+    # of another library timed meanwhile competes with them for the cores (a 256x256 torch
+    # matmul right after NumPy ones was measured at 8 ms instead of 0.3 ms). Golden results
+    # run with BLAS on one thread for the same reason (`profiling.accuracy.one_blas_thread`).
+    todo = sorted(unmeasured(graph, backends, store, cost_model, dims),
+                  key=lambda ek: ek[1].backend)
+    bar = Progress(len(todo), enabled=progress)
+    start, n, last = time.monotonic(), 0, None
+    for e, k in todo:
+        if time_limit_s is not None and time.monotonic() - start > time_limit_s:
+            break
+        if last is not None and k.backend != last:
+            time.sleep(0.2)
+        last = k.backend
+        profile_kernel(e, k, dims, store, cost_model, budget_s)  # errors become traces
+        n += 1
+        bar.update(f"{e.primitive.name} on {k.backend}")
+    bar.close()
+    cost_model._measured.clear()
+    return n
+
+
+# -- whole plans -------------------------------------------------------------------------------
+
+def candidate_assignments(graph: Graph, backends: Sequence[str], cost_model, dims: Mapping,
+                          options: PlanOptions | None = None) -> dict[str, Assignment]:
+    """{label: Assignment} worth measuring as a whole: the heuristic plan, each
+    single-backend plan, and the best predicted plan on every set of two or more `backends`
+    (duplicates dropped)."""
+    options = options or PlanOptions()
+    out: dict[str, Assignment] = {}
+    seen: set = set()
+
+    def add(label, make):
+        try:
+            a = make()
+        except TgxError:  # e.g. no kernel for some equation on these backends
+            return
+        key = assignment_digest(a, options)
+        if key not in seen:
+            seen.add(key)
+            out[label] = a
+
+    add("heuristic", lambda: heuristic_assignment(graph, backends))
+    for b in backends:
+        add(b, lambda b=b: heuristic_assignment(graph, [b]))
+    for n in range(2, len(backends) + 1):
+        for subset in itertools.combinations(backends, n):
+            add("+".join(subset), lambda subset=subset: realize(
+                select(graph, list(subset), cost_model, dims, weights=options.weights),
+                "explore"))
+    return out
+
+
+def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], store,
+                        dims: Mapping, options: PlanOptions | None = None, *,
+                        budget_s: float = 0.2, rounds: int = 3, spin_up_s: float = 0.1,
+                        env_id: str | None = None) -> int:
+    """Time each assignment of {label: Assignment}, lowered with `options` exactly as
+    `tgx.compile` lowers it (bound weights, state buffers), on random inputs at `dims`
+    (checked against the reference evaluator) and record a GRAPH_RECIPE trace with the
+    assignment as its payload; returns how many were measured (plans already measured at
+    `dims` are skipped).
+
+    Plans are timed round-robin: `rounds` passes in a shuffled order, `budget_s` per plan in
+    all; each pass first runs the plan for `spin_up_s` untimed, then times it, and a plan's
+    figure is the median of its pass medians; plans within `CLOSE` of the fastest then get
+    twice as many passes again, to tell them apart. The spin-up is what makes passes
+    comparable: thread pools outlive the call that started them (OpenBLAS workers spin
+    ~0.1 s, torch's OpenMP pool, XLA's), so a plan timed right after another would pay for
+    it, while a plan run in a loop pays only for its own pools."""
+    if not assignments:
+        return 0
+    options = options or PlanOptions()
+    env_id = env_id or store.environment_id()
+    args = list(random_inputs([(list(concrete_shape(v.aval.shape, dims)), v.aval.dtype.name)
+                               for v in graph.invars]))
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        golden = eval_graph_flat(graph, args)
+    # A whole graph accumulates rounding over many equations (each kernel was already checked
+    # tightly on its own): accept what a float32 pipeline of this depth normally differs by.
+    scale = max((float(np.max(np.abs(o))) for o in golden if np.size(o)), default=1.0)
+    atol, rtol = 1e-3 * scale, 1e-2
+    ghash, wkey = graph_keys(graph, dims)
+    store.add_workload(ghash, {str(k): int(v) for k, v in dims.items()},
+                       [(list(np.shape(a)), np.asarray(a).dtype.name) for a in args])
+    recs: dict[str, dict] = {}
+    runs: dict[str, object] = {}
+    for label, a in assignments.items():
+        impl = record_recipe(store, graph, a, dims, options, label)
+        if store.measured(ghash, impl, wkey, env_id) or impl in recs:
+            continue
+        plan = lower_assignment(a, options, source_graph=graph)
+        state_args = frozenset(i for i, _ in options.state)
+
+        def fn(*xs, run=plan.compiled.run_flat, state_args=state_args):
+            # state arguments are updated in place: each call gets fresh copies
+            xs = [x.copy() if i in state_args else x for i, x in enumerate(xs)]
+            return _single(run(xs))
+
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            # the accuracy check (its quick timing is replaced by the passes below)
+            recs[impl] = profile(fn, args, golden=_single(golden), atol=atol, rtol=rtol,
+                                 graph_hash=ghash, impl=impl, workload=wkey, env_id=env_id,
+                                 budget_s=0.01)
+        if recs[impl]["status"] == "PASSED":
+            # timed as it runs: state buffers updated in place call after call
+            runs[impl] = (lambda *xs, run=plan.compiled.run_flat: run(list(xs)))
+    passes: dict[str, list] = {impl: [] for impl in runs}
+    rnd = random.Random(0)
+
+    def race(order: list, n: int) -> None:
+        for _ in range(n):
+            rnd.shuffle(order)
+            for impl in order:
+                with np.errstate(all="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    passes[impl].append(measure(runs[impl], args, budget_s=budget_s / rounds,
+                                                warmup_s=spin_up_s))
+
+    race(list(runs), rounds)
+    # plans within `CLOSE` of the fastest are told apart with more passes (racing): the
+    # choice between them is what the measurement is for
+    if passes:
+        med = {impl: statistics.median(t.median_s for t in ts) for impl, ts in passes.items()}
+        best = min(med.values())
+        close = [impl for impl, m in med.items() if m <= best * (1 + CLOSE)]
+        if len(close) > 1:
+            race(close, 2 * rounds)
+    for impl, ts in passes.items():
+        med = [t.median_s for t in ts]
+        mid = statistics.median(med)
+        recs[impl].update(median_s=mid, min_s=min(t.min_s for t in ts),
+                          spread=(max(med) - min(med)) / mid if mid else 0.0,
+                          samples=sum(t.samples for t in ts))
+    if recs:
+        store.add_traces(list(recs.values()))
+    return len(recs)
+
+
+def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
+            dims: Mapping) -> None:
+    """EXPLORE: profile the unmeasured candidate kernels of `graph`, then measure the
+    shortlist of whole plans lowered with `options`; FASTEST then chooses from the store."""
+    cm = CostModel(store, tolerance=options.tolerance)
+    explore_kernels(graph, backends, store, cm, dims)
+    cm = CostModel(store, tolerance=options.tolerance)  # with what was just measured
+    measure_assignments(graph, candidate_assignments(graph, backends, cm, dims, options),
+                        store, dims, options, env_id=cm.env_id)
+
+
+def _single(outs: list):
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+# -- tgx.paths ----------------------------------------------------------------------------------
+
+class PathPlan(_paths.PathPlan):
+    """A path that can also be lowered (`lower`), run, profiled and saved to the store."""
+
+    def lower(self):
+        """The `Plan` running this path (built once)."""
+        if self._plan is None:
+            self._plan = lower_assignment(self.assignment(), PlanOptions(policy="heuristic"),
+                                          source_graph=self.paths.graph)
+        return self._plan
+
+    def run(self, *args, **kwargs):
+        """Run the plan on arguments shaped like the traced function's."""
+        return self.lower().run(*args, **kwargs)
+
+    __call__ = run
+
+    def reference(self, *args, **kwargs):
+        """The reference evaluator's result on the same arguments (for checking)."""
+        return eval_graph(self.paths.graph, *args, **kwargs)
+
+    def save(self, store=None) -> str:
+        """Store the plan (its `Assignment`, with its decisions) as a GRAPH_RECIPE of the
+        graph; returns the implementation key."""
+        store = _store(store if store is not None else self.paths.store)
+        g = self.paths.graph
+        gh = store.add_graph(structural_hash(g), self.paths.name, graph_to_bytes(g))
+        digest = hashlib.sha256(msgpack.packb([gh, self.tokens()])).hexdigest()
+        bs = self.backends()
+        return store.add_implementation("GRAPH_RECIPE", f"{self.paths.name}-path",
+                                        "+".join(bs), digest,
+                                        {"kernels": len(self.steps),
+                                         "transfers": self.ntransfers},
+                                        self.assignment().to_bytes(f"{self.paths.name}-path"))
+
+    def profile(self, *args, store=None, **measure_kw) -> dict:
+        """Time the plan (checked against the reference evaluator) and record a trace for its
+        GRAPH_RECIPE implementation in `store` (default: `$TGX_STORE`); returns the record."""
+        store = _store(store if store is not None else self.paths.store)
+        plan = self.lower()
+        g = self.paths.graph
+        leaves, _ = tree_flatten((args, {}))
+        impl = self.save(store)
+        gh = structural_hash(g)
+        try:
+            axes = {str(k): int(v) for k, v in bind_dims(g.in_avals, leaves).items()}
+        except TgxError:
+            axes = {}
+        workload = store.add_workload(gh, axes, input_descriptors(leaves))
+        golden = _single(eval_graph_flat(g, leaves))
+
+        def run(*xs):
+            return _single(plan.compiled.run_flat(list(xs)))
+
+        measure_kw.setdefault("budget_s", 0.05)
+        rec = profile(run, leaves, golden=golden, store=store, graph_hash=gh, impl=impl,
+                      workload=workload, **measure_kw)
+        if rec.get("median_s") is not None and rec.get("status") == "PASSED":
+            self.measured_s = rec["median_s"]
+        return rec
+
+
+class Paths(_paths.Paths):
+    """Every valid plan of a graph (`tgx.planning.paths.Paths`), as runnable `PathPlan`s."""
+
+    plan_type = PathPlan
+
+    def measured(self, store=None) -> list[tuple[float, PathPlan]]:
+        """(median seconds, plan) of every plan of this graph profiled into `store` (PASSED
+        traces of GRAPH_RECIPEs saved from `tgx.paths`), fastest first: ranking by
+        measurement."""
+        store = _store(store if store is not None else self.store)
+        gh = structural_hash(self.graph)
+        best: dict[str, float] = {}
+        for t in store.traces(graph_hash=gh, status="PASSED"):
+            if t.get("median_s") is not None:
+                best[t["impl"]] = min(best.get(t["impl"], math.inf), t["median_s"])
+        out = []
+        for impl, s in best.items():
+            rec = store.get_implementation(impl)
+            if rec is None or rec["kind"] != "GRAPH_RECIPE" or not rec["payload"]:
+                continue
+            try:
+                tokens = Assignment.from_bytes(rec["payload"]).meta.get("tokens")
+                if tokens is None:  # a measured plan of EXPLORE: no decisions to replay
+                    continue
+                plan = self.plan_from_tokens(tokens)
+            except SerializationError:
+                continue
+            plan.measured_s = s
+            out.append((s, plan))
+        out.sort(key=lambda t: t[0])
+        return out
+
+
+def _store(store):
+    if store is None or isinstance(store, str):
+        return BenchmarkStore(store)
+    return store
+
+
+def paths(fn, **options):
+    """`tgx.paths(fn)(*args_or_specs, backends=None, store=None, ...)`: the `Paths` of `fn`
+    traced on those arguments (arrays, pytrees of arrays, or `tgx.Spec`s).
+
+    Options (given to either call): `backends`, `store`, `dims` (values of symbolic dims for
+    costing, default 64), `max_transfers`, `decompose`, `patterns`, `kernels_only`,
+    `cost_model` (an object with `kernel(eqn, kernel, dims)` and `transfer(aval, src, dst,
+    dims)`, and optionally `switch(src, dst)`: seconds ≥ 0 per backend switch).
+
+    >>> import tgx, tgx.numpy as tnp
+    >>> tgx.paths(lambda x: tnp.exp(x))(tgx.Spec((4,)), backends=["numpy"]).count()
+    2
+    """
+    if isinstance(fn, Graph):
+        return Paths(fn, **options)
+    inner = getattr(fn, "fn", fn)  # a tgx.compile'd function: trace the Python function
+    keys = ("backends", "store", "dims", "max_transfers", "decompose", "patterns",
+            "kernels_only", "cost_model", "name")
+
+    def trace(*args, **kwargs):
+        opts = dict(options)
+        opts.update({k: kwargs.pop(k) for k in keys if k in kwargs})
+        opts.setdefault("name", getattr(inner, "__name__", "graph"))
+        g = make_graph(inner)(*args, **kwargs)
+        return Paths(g, **opts)
+
+    return trace

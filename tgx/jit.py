@@ -1,0 +1,306 @@
+"""`tgx.compile`: trace once per abstract signature, plan, and run a flat instruction list.
+
+>>> import numpy as np, tgx, tgx.numpy as tnp
+>>> @tgx.compile(backends=["numpy"], dynamic={"x": {0: "N"}})
+... def f(x):
+...     return tnp.sum(tnp.exp(x) * 2.0, axis=1)
+>>> f(np.zeros((5, 3), np.float32)).shape, f(np.zeros((9, 3), np.float32)).shape
+((5,), (9,))
+>>> f.trace_count
+1
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from .backends import check_backends
+from .core import Graph
+from .errors import BindingError, DTypeError, OptionError, ShapeError, TgxError
+from .pipeline import plan_graph
+from .plan import Plan
+from .planning.options import PlanOptions
+from .shapes import ShapedArray, Spec, aval_of, shape_str, shapes_provably_equal
+from .tracing import (
+    leaf_names,
+    trace_to_graph,
+    tree_flatten,
+    tree_structure_str,
+    tree_unflatten,
+)
+
+
+class Compiled:
+    """A function compiled by `tgx.compile`: call it, or `.lower(...)` it to see the `Plan`."""
+
+    def __init__(self, fn: Callable, *, policy="fastest", backends=None, dynamic=None,
+                 store=None, tolerance=None, memory_budget=None, return_backend_arrays=False,
+                 weights=None, state=None, device="cpu"):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        #: how every plan of this function is made (a new signature reuses them)
+        self.options = PlanOptions.make(
+            policy=policy, backends=backends, device=device, store=store, tolerance=tolerance,
+            memory_budget=memory_budget, return_backend_arrays=return_backend_arrays)
+        self.policy = policy
+        #: where the device backends' equations run; checked now, so a missing GPU fails here
+        self.device = self.options.device
+        self.backends = None if backends is None else list(backends)
+        if self.backends is not None or self.device != "cpu":
+            check_backends(self.backends, self.device)
+        self.dynamic = dict(dynamic or {})
+        self.store = store
+        self.tolerance = tolerance
+        self.memory_budget = memory_budget
+        self.return_backend_arrays = return_backend_arrays
+        self.trace_count = 0
+        self._plans: dict[Any, Plan] = {}
+        self._fast: dict[Any, Plan] = {}  # concrete (tree, shapes, dtypes) -> plan
+        self._weight_leaves: dict[Any, tuple] = {}  # tree -> indices of the weight leaves
+        # tree -> per state argument: (name, its leaf indices, its tree structure)
+        self._state_leaves: dict[Any, tuple] = {}
+        try:
+            self._params = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            self._params = []
+        unknown = set(self.dynamic) - set(self._params)
+        if unknown and self._params:
+            raise OptionError(f"dynamic names unknown arguments {sorted(unknown)} of "
+                             f"{fn.__name__}{inspect.signature(fn)}")
+        self.weights = self._weight_names(weights)
+        #: names of the state arguments, in the order the new state is returned
+        self.state = self._arg_names(state, "state")
+        both = self.weights & set(self.state)
+        if both:
+            raise OptionError(f"arguments {sorted(both)} are named both weights (immutable) and "
+                             f"state (updated in place)")
+
+    def _weight_names(self, weights) -> frozenset:
+        """`weights` (a name, a position, or a tuple of them) as argument names."""
+        return frozenset(self._arg_names(weights, "weights"))
+
+    def _arg_names(self, spec, what: str) -> tuple:
+        """`spec` (a name, a position, or a tuple of them) as argument names, in order."""
+        if spec is None:
+            return ()
+        if isinstance(spec, (str, int)):
+            spec = (spec,)
+        names: list = []
+        for w in spec:
+            if isinstance(w, int):
+                name = self._params[w] if w < len(self._params) else f"args[{w}]"
+            elif self._params and w not in self._params:
+                raise OptionError(f"{what} names an unknown argument {w!r} of "
+                                 f"{getattr(self.fn, '__name__', self.fn)}"
+                                 f"{inspect.signature(self.fn)}")
+            else:
+                name = w
+            if name not in names:
+                names.append(name)
+        return tuple(names)
+
+    # -- abstract signature -----------------------------------------------------------------
+    def _abstract(self, args, kwargs):
+        leaves, tree = tree_flatten((args, kwargs))
+        owners, structure = [], {}
+        for i, a in enumerate(args):
+            sub, td = tree_flatten(a)
+            owner = self._params[i] if i < len(self._params) else f"args[{i}]"
+            owners += [owner] * len(sub)
+            structure[owner] = td
+        for k, v in kwargs.items():
+            sub, td = tree_flatten(v)
+            owners += [k] * len(sub)
+            structure[k] = td
+        names = leaf_names(tree, len(leaves))
+        avals = [self._aval(x, owner, name) for x, owner, name in zip(leaves, owners, names)]
+        self._weight_leaves[tree] = tuple(i for i, o in enumerate(owners) if o in self.weights)
+        if self.state:
+            missing = [s for s in self.state if s not in structure]
+            if missing:
+                raise BindingError(f"state names {missing}, which this call of "
+                                   f"{getattr(self.fn, '__name__', self.fn)} does not pass")
+            self._state_leaves[tree] = tuple(
+                (s, tuple(i for i, o in enumerate(owners) if o == s), structure[s])
+                for s in self.state)
+        return leaves, tree, tuple(avals), names
+
+    def _aval(self, x, owner: str, name: str) -> ShapedArray:
+        a = x if isinstance(x, ShapedArray) else aval_of(x)
+        dyn = self.dynamic.get(owner)
+        if not dyn:
+            return a
+        shape = list(a.shape)
+        for ax, sym in dyn.items():
+            if not -len(shape) <= ax < len(shape):
+                raise BindingError(f"argument {name}: dynamic axis {ax} ({sym}) out of range "
+                                   f"for shape {shape_str(a.shape)}")
+            shape[ax] = sym
+        return Spec(tuple(shape), a.dtype)
+
+    def _plan(self, tree, avals, names, leaves=None) -> Plan:
+        key = (tree, avals)
+        plan = self._plans.get(key)
+        if plan is None:
+            graph = trace_to_graph(self.fn, tree_unflatten(tree, list(avals)))
+            self.trace_count += 1
+            dims = None
+            if leaves is not None:  # choose at the first call's binding
+                dims = {}
+                for a, x in zip(avals, leaves):
+                    for d, n in zip(a.shape, getattr(x, "shape", ())):
+                        if type(d) is not int and getattr(d, "is_Symbol", False):
+                            dims[d.name] = int(n)
+            state = _state_pairs(graph, self._state_leaves.get(tree, ()),
+                                 getattr(self.fn, "__name__", "the function"))
+            plan = plan_graph(graph, replace(self.options, in_names=names, dims=dims,
+                                             weights=self._weight_leaves.get(tree, ()),
+                                             state=state))
+            self._plans[key] = plan
+        return plan
+
+    def lower(self, *args, **kwargs) -> Plan:
+        """The `Plan` for arguments given as arrays or `tgx.Spec`s (symbolic names allowed)."""
+        _, tree, avals, names = self._abstract(args, kwargs)
+        return self._plan(tree, avals, names)
+
+    def __call__(self, *args, **kwargs):
+        leaves, tree = tree_flatten((args, kwargs))
+        try:  # fast path: the concrete signature seen before
+            key = (tree, tuple((x.shape, x.dtype) for x in leaves))
+            plan = self._fast.get(key)
+        except AttributeError:  # Python scalars among the leaves
+            key, plan = None, None
+        if plan is None:
+            leaves, tree, avals, names = self._abstract(args, kwargs)
+            plan = self._plans.get((tree, avals)) or self._plan(tree, avals, names, leaves)
+            if key is not None:
+                self._fast[key] = plan
+        return plan.run_flat(leaves)
+
+    def __repr__(self) -> str:
+        return f"<tgx.compile {getattr(self.fn, '__name__', self.fn)!r}: {len(self._plans)} plans>"
+
+
+def _leaf_paths(td, path: str) -> list[str]:
+    if td.node_type is None:
+        return [path]
+    t = td.node_type[0]
+    return [p for i, c in enumerate(td.children)
+            for p in _leaf_paths(c, f"{path}[{td.aux[i]!r}]" if t is dict else f"{path}[{i}]")]
+
+
+def _same_tree(a, b) -> bool:
+    if (a.node_type is None) != (b.node_type is None):
+        return False
+    if a.node_type is None:
+        return True
+    return (a.node_type[0] is b.node_type[0] and a.aux == b.aux
+            and len(a.children) == len(b.children)
+            and all(_same_tree(x, y) for x, y in zip(a.children, b.children)))
+
+
+def _state_pairs(graph: Graph, info: tuple, fname: str) -> tuple:
+    """(input index, output index) per state leaf, after checking that the function returns
+    `(outputs, new_state)` with `new_state` shaped like the state arguments."""
+    if not info:
+        return ()
+    names = ", ".join(repr(s) for s, _, _ in info)
+    out = tree_unflatten(graph.out_tree, list(range(len(graph.outvars))))
+    if not isinstance(out, (tuple, list)) or len(out) < 2:
+        raise TgxError(f"{fname} is compiled with state={names}: it must return "
+                       f"(outputs, new_state), got one value of structure "
+                       f"{tree_structure_str(graph.out_tree)}")
+    new = out[-1]
+    if len(info) > 1:
+        if not isinstance(new, (tuple, list)) or len(new) != len(info):
+            raise TgxError(f"{fname} is compiled with state=({names}): its last return value "
+                           f"must be a tuple of {len(info)} new states, in that order")
+        parts = list(new)
+    else:
+        parts = [new]
+    pairs = []
+    for (name, leaves, td), part in zip(info, parts):
+        got, got_td = tree_flatten(part)
+        if not _same_tree(td, got_td):
+            raise TgxError(f"{fname}: the new state of {name} has structure "
+                           f"{tree_structure_str(got_td)}, but {name} is "
+                           f"{tree_structure_str(td)}")
+        for path, i, j in zip(_leaf_paths(td, name), leaves, got):
+            want, have = graph.invars[i].aval, graph.outvars[j].aval
+            if want.dtype != have.dtype:
+                raise DTypeError(f"{fname}: the new state {path} is {have.str_short()}, but the "
+                                 f"state argument is {want.str_short()}")
+            if not shapes_provably_equal(want.shape, have.shape):
+                raise ShapeError(f"{fname}: the new state {path} is {have.str_short()}, but the "
+                                 f"state argument is {want.str_short()}")
+            pairs.append((i, j))
+    return tuple(pairs)
+
+
+def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A001
+            backends: Sequence[str] | None = None, dynamic: Mapping | None = None,
+            store=None, tolerance: float | None = None, memory_budget=None,
+            return_backend_arrays: bool = False, weights=None, state=None,
+            device: str = "cpu"):
+    """Compile `fn`: trace per abstract signature, choose kernels, plan buffers, run flat.
+
+    Usable as `@tgx.compile` or `@tgx.compile(backends=["torch"], dynamic={"x": {0: "N"}})`.
+    Axes declared in `dynamic` (argument name → {axis: symbol}) stay symbolic, so new sizes
+    reuse the plan. `memory_budget` (bytes, or {device: bytes}) raises `tgx.OutOfMemory`
+    before any kernel runs. `policy`: "fastest" (default: benchmark store, else cost model),
+    "explore" (profile unmeasured candidates now), "heuristic" (rules, no store);
+    `store` (default `BenchmarkStore()`), `tolerance` (max measured relative error).
+
+    `weights` names the arguments (parameter names or positions, one or a tuple) whose leaves
+    are weights: each is converted to every backend the plan needs it on once, cached by the
+    identity of the leaf array, and accounted as persistent memory. A new array object is
+    bound again (no re-planning); in-place mutation of a bound NumPy array is NOT detected
+    (NumPy has no cheap version counter): treat weights as immutable, pass new arrays.
+
+    `state` names the arguments (names or positions, one or a tuple) whose leaves are *state*
+    buffers, such as a KV cache. `fn` must return `(outputs, new_state)`: its last return value
+    has the structure, shapes and dtypes of the state arguments (with several, a tuple of new
+    states in the order `state` lists them); a mismatch is an error at trace time. tgx writes
+    each new state leaf into the caller's array and returns that very array object, so
+    `y, cache = step(x, cache, pos)` reads the same with or without tgx (JAX's buffer
+    donation, but the caller's array keeps its identity). A new state made by
+    `tgx.lax.dynamic_update_slice` of the state argument (a chain of them) on NumPy or torch
+    writes only its window, in place; readers of the old value are scheduled before it.
+    Otherwise (on jax, or another op made the new state) the result is copied into the
+    caller's array once per call. State arrays must be writable, C-contiguous NumPy arrays
+    (CPU torch tensors with `return_backend_arrays=True`), and are accounted as *state* memory.
+
+    `device` ("cpu", the default; "cuda:0", "cuda:1" …): where the torch and jax equations
+    run (NumPy equations always run on the host). Checked at once: a CUDA device that torch
+    cannot see (`torch.cuda.is_available()` is False), or that jax has no gpu for when only
+    jax is allowed, raises a `tgx.KernelError` naming the device and why. On a GPU the
+    HEURISTIC rules keep every equation on the device backends (torch first), device values
+    are owned by torch's caching allocator / XLA (`plan.estimate_memory()` reports them under
+    "cuda:0"; `memory_budget={"cuda:0": n}` limits them), weights are copied to the device
+    once, results come back as NumPy arrays (device tensors with `return_backend_arrays`),
+    and "fastest"/"explore" fall back to the heuristic plan (the store's figures are CPU
+    timings; `plan.policy` says so). State arrays are then copied to the device and back
+    every call.
+
+    >>> import numpy as np, tgx, tgx.numpy as tnp
+    >>> @tgx.compile(state="cache", policy="heuristic", backends=["numpy"])
+    ... def step(x, cache, pos):
+    ...     cache = tgx.lax.dynamic_update_slice(cache, x[None], (pos, 0))
+    ...     return tnp.sum(cache), cache
+    >>> cache = np.zeros((4, 2), np.float32)
+    >>> y, new = step(np.ones(2, np.float32), cache, np.int32(1))
+    >>> float(y), new is cache, cache[1].tolist()
+    (2.0, True, [1.0, 1.0])
+    """
+    kw = dict(policy=policy, backends=backends, dynamic=dynamic, store=store,
+              tolerance=tolerance, memory_budget=memory_budget,
+              return_backend_arrays=return_backend_arrays, weights=weights, state=state,
+              device=device)
+    if fn is None:
+        return lambda f: Compiled(f, **kw)
+    return Compiled(fn, **kw)

@@ -1,0 +1,90 @@
+"""The compile pipeline: a traced graph → a `Plan`, as a list of named stages.
+
+    traced ─simplify─▶ graph ─select─▶ Assignment ─rebackend─▶ copies ─schedule─▶ run order
+           ─lower─▶ instructions ─buffers─▶ memory plan ─▶ Plan
+
+- simplify: `tgx.simplify` (rules as data; nothing unsafe).
+- select: the policy's planner — HEURISTIC (`planning.heuristic`), FASTEST
+  (`planning.fastest`: a measured whole plan, else the selection), or EXPLORE
+  (`tgx.explore`: measure first, then FASTEST). Each returns an `Assignment`.
+- rebackend, schedule, lower, buffers: `tgx.lowering.lower_assignment`, the one lowering of
+  every assignment.
+
+`plan.stages` holds the program after each stage; `print(plan.stages)` shows them in order.
+Options travel as one frozen `PlanOptions`.
+
+>>> import tgx, tgx.numpy as tnp
+>>> g = tgx.make_graph(lambda x: tnp.exp(x) * 1.0)(tgx.Spec(("N",)))
+>>> plan = plan_graph(g, policy="heuristic", backends=["numpy"])
+>>> print(plan.stages["simplify"])
+{ lambda ; a:f32[N]. let
+    b:f32[N] = exp a
+  in (b) }
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from .backends import check_backends
+from .core import Graph
+from .explore import explore
+from .lowering.lower import lower_assignment
+from .plan import Plan
+from .planning.assignment import Assignment
+from .planning.fastest import fastest_assignment
+from .planning.heuristic import heuristic_assignment
+from .planning.options import PlanOptions
+from .shapes import hint_binding
+from .store import BenchmarkStore
+from .transforms.simplify import simplify
+
+#: the stages `plan_graph` runs, in order (the lowering's four are `lower_assignment`'s)
+STAGES = ("traced", "simplify", "select", "rebackend", "schedule", "lower", "buffers")
+
+
+def plan_graph(graph: Graph, options: PlanOptions | None = None, **kw) -> Plan:
+    """Choose a kernel per equation of `graph`, insert transfers, lower: a `Plan`.
+
+    `options` (or the same fields as keywords; see `PlanOptions` and `tgx.compile`): the
+    policy, backends, device, store, tolerance, binding `dims`, memory budget, weights,
+    state, argument names, and whether results stay in their backends' formats.
+
+    "fastest" and "explore" choose at the binding `dims` (default: every symbol at 64) with
+    `store` (default: `BenchmarkStore()`). On a GPU `device` they fall back to the heuristic
+    plan (the profiler and the store's figures are CPU timings), and `plan.policy` says so.
+    """
+    if options is None:
+        options = PlanOptions.make(**kw)
+    elif kw:
+        options = replace(options, **kw)
+    backends = check_backends(options.backends, options.device)
+    stages: list = [("traced", graph)]
+    g = transform(graph, options)
+    stages.append(("simplify", g))
+    assignment = select(g, options, backends)
+    stages.append(("select", assignment))
+    return lower_assignment(assignment, options, source_graph=graph, stages=stages)
+
+
+def transform(graph: Graph, options: PlanOptions | None = None) -> Graph:
+    """The transforms stage: the graph the planners see (`tgx.simplify`d unless
+    `options.simplify` is False). Measured whole plans are keyed by this graph, so code that
+    measures plans for `tgx.compile` measures `transform(graph)`."""
+    return simplify(graph) if options is None or options.simplify else graph
+
+
+def select(graph: Graph, options: PlanOptions, backends) -> Assignment:
+    """The select stage: the policy's `Assignment` of `graph`."""
+    if options.policy == "heuristic":
+        return heuristic_assignment(graph, backends, options.device)
+    if options.device != "cpu":  # the store's figures are CPU timings
+        a = heuristic_assignment(graph, backends, options.device)
+        return a.replace(by=f"heuristic (device {options.device}: the benchmark store's "
+                            f"selection is CPU-only, so {options.policy!r} falls back)")
+    store = options.store if options.store is not None else BenchmarkStore()
+    dims = options.binding or hint_binding(graph.in_avals)
+    options = replace(options, store=store, dims=dims)
+    if options.policy == "explore":
+        explore(graph, options, store, backends, dims)
+    return fastest_assignment(graph, options, store, flag=options.policy == "fastest")

@@ -1,0 +1,105 @@
+"""FASTEST: the assignment with the least time, from measurements where they exist.
+
+In order:
+1. A whole plan measured on this machine for this graph, binding and lowering options
+   (`tgx.planning.recipes`): the fastest one, as measured (whole-plan effects — XLA fusion,
+   thread pools, caches — are in the figure). Not with `tolerance=`: then the per-kernel
+   errors decide.
+2. Otherwise the selection (`tgx.planning.selection`) over every kernel, decomposition and
+   backend, priced by the store's figures and the cost model; the HEURISTIC plan instead when
+   the cost model prices it lower (FASTEST never predicts worse than HEURISTIC).
+3. Equations priced without a measurement are flagged for ``tgx profile --pending``.
+
+>>> import tgx, tgx.numpy as tnp
+>>> from tgx.planning.options import PlanOptions
+>>> g = tgx.make_graph(lambda x: tnp.exp(x) * 2.0)(tgx.Spec((64,)))
+>>> fastest_assignment(g, PlanOptions(backends=("numpy",)), store=None).backends
+('numpy', 'numpy')
+"""
+
+from __future__ import annotations
+
+from ..backends import check_backends, host_name
+from ..core import Graph
+from ..profiling.pending import Unencodable, describe_equation
+from ..serialize import SerializationError
+from ..shapes import hint_binding
+from ..store.schema import make_pending
+from .assignment import Assignment
+from .candidates import accepted_kernels
+from .cost_model import CostModel, Estimate
+from .heuristic import heuristic_assignment
+from .options import PlanOptions
+from .recipes import measured_plans
+from .selection import Choice, _Selector, realize, select
+
+NO_WORK = Estimate(0.0, "cost model", "no work")
+
+
+def fastest_assignment(graph: Graph, options: PlanOptions, store, *,
+                       cost_model: CostModel | None = None, flag: bool = True) -> Assignment:
+    """FASTEST's `Assignment` of `graph` (see the module doc). `store`: the benchmark store
+    (None: the cost model alone); `flag`: write pending flags for what was not measured."""
+    backends = check_backends(options.backends, options.device)
+    dims = options.binding or hint_binding(graph.in_avals)
+    cm = cost_model or CostModel(store, tolerance=options.tolerance)
+    if store is not None and options.tolerance is None:
+        for m in measured_plans(graph, backends, store, dims, cm.env_id, options):
+            try:
+                a = m.assignment()
+            except SerializationError:  # a kernel changed since: the next one
+                continue
+            near = "" if m.dims == {str(k): int(v) for k, v in dims.items()} else \
+                " (the nearest measured binding)"
+            return a.replace(by=f"{options.policy} ({a.by}{near})")
+    sel = select(graph, backends, cm, dims, weights=options.weights)
+    if options.tolerance is None:
+        h = heuristic_assignment(graph, backends)
+        h_cost = assignment_cost(h, backends, cm, dims, options.weights)
+        if h_cost < sel.total * (1 - 1e-9):
+            return h.replace(by=f"{options.policy} (heuristic plan: cheaper by the cost model)",
+                             predicted_s=h_cost, dims=dims)
+    a = realize(sel, options.policy)
+    if flag and store is not None:
+        flag_pending(store, cm, a, backends)
+    return a
+
+
+def assignment_cost(a: Assignment, backends, cm: CostModel, dims, weights=()) -> float:
+    """The cost model's time of a whole assignment: its kernels, the copies it implies (bound
+    weights copy for nothing) and the switches between consecutive backends."""
+    sel = _Selector(backends, cm, dims, [a.graph.invars[i].id for i in weights])
+    # a `copy_to` written in the graph carries no work (its copies follow from the backends)
+    opts = [{b: Choice(b, k, cm.kernel(e, k, dims) if k is not None else NO_WORK)}
+            for e, b, k in zip(a.graph.eqns, a.backends, a.kernels)]
+    sel.prepare(a.graph, host_name(), 0, opts)
+    return sel.total(list(a.backends))[0]
+
+
+def flag_pending(store, cost_model: CostModel, assignment: Assignment, backends=()) -> int:
+    """Flag for the offline profiler every equation whose chosen kernel was priced without a
+    measurement: each of its candidate kernels on `backends` (and the chosen one) that the
+    store has not measured at the assignment's binding. All candidates, not only the chosen
+    one: once the chosen kernel is measured, a sibling priced by the cost model may look
+    cheaper and be chosen next, so flagging one at a time would need a profiling run per
+    variant."""
+    dims = assignment.dims
+    recs = []
+    for e, k, est in zip(assignment.graph.eqns, assignment.kernels, assignment.estimates):
+        if est.source == "measured" or k is None:
+            continue
+        try:
+            desc = describe_equation(e, dims)
+        except Unencodable:
+            continue
+        ghash, wkey = cost_model.keys(e, dims)
+        desc["axes"] = cost_model.workload(e, dims)[1]
+        todo = [k] + [c for b in backends for c in accepted_kernels(e, b) if c != k]
+        for c in todo:
+            ikey = cost_model.impl_key(c)
+            if c is not k and store.measured(ghash, ikey, wkey, cost_model.env_id):
+                continue
+            recs.append(make_pending(ghash, wkey, ikey, cost_model.env_id,
+                                     {"name": c.name, "backend": c.backend,
+                                      "variant": c.variant, "label": c.label}, desc))
+    return store.add_pending(recs) if recs else 0

@@ -1,0 +1,87 @@
+"""`PlanOptions`: everything that shapes a plan, in one frozen value, and the planning defaults.
+
+`tgx.compile(...)` and `plan_graph(graph, ...)` take the same keywords; each builds one
+`PlanOptions` and hands it down the pipeline, so no stage threads options by hand.
+
+>>> o = PlanOptions(policy="heuristic", backends=("numpy",))
+>>> o.policy, o.device, replace(o, device="cuda:0").device
+('heuristic', 'cpu', 'cuda:0')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..devices import device_name
+from ..errors import OptionError
+
+#: the selection policies: rules only; store + cost model; profile what is unmeasured first
+POLICIES = ("heuristic", "fastest", "explore")
+#: HEURISTIC keeps an equation on NumPy when none of its values exceeds this many elements
+#: at the planning hint: a torch or jax call costs microseconds, a NumPy one less
+TINY = 4096
+
+__all__ = ["POLICIES", "TINY", "PlanOptions", "replace"]
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    """How to plan and lower one graph (see `tgx.compile` for each option's meaning).
+
+    `weights`: indices of the graph inputs that are weights (bound once per array object);
+    `state`: (input index, output index) pairs of state buffers; `in_names`: the argument
+    names errors use; `dims`: the binding the measured policies choose at (default: every
+    symbol at the hint, 64); `simplify`: run `tgx.simplify` before selecting.
+    """
+
+    policy: str = "fastest"
+    backends: tuple[str, ...] | None = None
+    device: str = "cpu"
+    store: Any = field(default=None, compare=False)
+    tolerance: float | None = None
+    dims: tuple[tuple[str, int], ...] | None = None
+    memory_budget: Any = None
+    return_backend_arrays: bool = False
+    in_names: tuple[str, ...] | None = None
+    weights: tuple[int, ...] = ()
+    state: tuple[tuple[int, int], ...] = ()
+    simplify: bool = True
+
+    def __post_init__(self):
+        if self.policy not in POLICIES:
+            raise OptionError(f"unknown policy {self.policy!r} (expected one of {POLICIES})")
+        set_ = object.__setattr__
+        set_(self, "device", device_name(self.device))
+        if self.backends is not None:
+            set_(self, "backends", tuple(self.backends))
+        if isinstance(self.dims, Mapping):
+            set_(self, "dims", tuple((str(k), int(v)) for k, v in self.dims.items()))
+        if self.in_names is not None:
+            set_(self, "in_names", tuple(self.in_names))
+        set_(self, "weights", tuple(sorted(self.weights)))
+        set_(self, "state", tuple(tuple(p) for p in self.state))
+        if isinstance(self.memory_budget, Mapping):
+            set_(self, "memory_budget", tuple(sorted(self.memory_budget.items())))
+
+    @property
+    def budget(self) -> int | dict | None:
+        """`memory_budget` as given: bytes, {device: bytes} or None."""
+        b = self.memory_budget
+        return dict(b) if isinstance(b, tuple) else b
+
+    @property
+    def binding(self) -> dict[str, int] | None:
+        """`dims` as a dict, or None."""
+        return None if self.dims is None else dict(self.dims)
+
+    @property
+    def outputs(self) -> str | None:
+        """Where results go: None keeps each in its backend's format, "host" copies it back."""
+        return None if self.return_backend_arrays else "host"
+
+    @classmethod
+    def make(cls, *, backends: Sequence[str] | None = None, **kw) -> PlanOptions:
+        """`PlanOptions` from `tgx.compile`-style keywords (lists and dicts accepted)."""
+        return cls(backends=None if backends is None else tuple(backends), **kw)
