@@ -14,7 +14,7 @@ from tests.graph import randgraph
 from tgx.backends import available_backends, host_name
 from tgx.explore import Paths
 from tgx.lowering.rebackend import rebackend
-from tgx.planning.candidates import accepted_kernels
+from tgx.planning.candidates import Candidate, accepted_kernels
 from tgx.planning.cost_model import CostModel
 from tgx.planning.heuristic import decompose_unsupported
 from tgx.planning.selection import Choice, _Selector
@@ -55,9 +55,9 @@ def test_selection_prices_the_implied_copies(prog, seed):
     assign = _random_assignment(g, seed)
     cm = CostModel()
     sel = _Selector(BACKENDS, cm, {})
-    opts = [{b: Choice(b, accepted_kernels(e, b)[0], cm.kernel(e, accepted_kernels(e, b)[0],
-                                                                 {}))}
-            for e, b in zip(g.eqns, assign)]
+    ks = [accepted_kernels(e, b)[0] for e, b in zip(g.eqns, assign)]
+    opts = [{b: Choice(b, Candidate("kernel", b, k), cm.kernel(e, k, {}))}
+            for e, b, k in zip(g.eqns, assign, ks)]
     sel.prepare(g, host_name(), 0, opts)
     _, transfer_and_switch = sel.total(assign)
     switches = sel.S(assign, range(len(assign)))

@@ -174,7 +174,7 @@ def test_rebackend_inserts_and_prunes_transfers():
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
-def test_candidates_list_kernels_decomposition_transfers_and_declined():
+def test_candidates_list_kernels_decomposition_and_declined():
     g = tgx.make_graph(lambda x, y: x + y)(tgx.Spec((3,), "uint32"), tgx.Spec((3,), "uint32"))
     cs = tgx.candidates(g.eqns[0], backends=["numpy", "torch"])
     assert any(c.kind == "kernel" and c.backend == "numpy" for c in cs)
@@ -182,7 +182,9 @@ def test_candidates_list_kernels_decomposition_transfers_and_declined():
     assert any("uint32" in reason for _, reason in cs.declined)
     g = tgx.make_graph(lambda x: tnp.exp(x))(tgx.Spec((3,)))
     kinds = {(c.kind, c.backend) for c in tgx.candidates(g.eqns[0], backends=["numpy", "torch"])}
-    assert ("transfer", "torch") in kinds and ("kernel", "numpy") in kinds
+    assert ("kernel", "torch") in kinds and ("kernel", "numpy") in kinds
+    g = tgx.make_graph(lambda x: tnp.tanh(x))(tgx.Spec((3,)))
+    assert str(tgx.candidates(g.eqns[0], backends=["numpy"])[-1]) == "decomposition"
 
 
 def test_unavailable_backend_is_reported():

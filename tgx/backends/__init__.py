@@ -27,6 +27,7 @@ from .base import (
     host_backend,
     host_name,
     load_backend,
+    preference,
     primary_backend,
     register_backend,
     to_host,
@@ -35,12 +36,12 @@ from .base import (
 )
 
 # The built-in backends, in the order `available_backends` lists them.
-register_backend("numpy", library="numpy", module="tgx.backends.numpy_backend")
-register_backend("torch", library="torch", module="tgx.backends.torch_backend")
+register_backend("numpy", library="numpy", module="tgx.backends.numpy_backend", preference=30)
+register_backend("torch", library="torch", module="tgx.backends.torch_backend", preference=10)
 register_backend("jax", library="jax", module="tgx.backends.jax_backend",
-                 array_modules=("jax", "jaxlib"))
+                 array_modules=("jax", "jaxlib"), preference=20)
 
 __all__ = ["Backend", "BackendSpec", "available_backends", "backend_available", "backend_of",
            "check_backends", "get_backend", "host_backend", "host_name", "load_backend",
-           "primary_backend", "register_backend", "to_host", "unavailable_reason",
+           "preference", "primary_backend", "register_backend", "to_host", "unavailable_reason",
            "unregister_backend"]

@@ -33,6 +33,7 @@ class Backend:
     #: the package that must import for the backend to be available
     library: str = ""
     #: HEURISTIC's order when several backends are allowed: the lowest is the *primary*
+    #: (given again at registration, so choosing needs no import of the library)
     preference: int = 50
     #: graph inputs arrive and outputs leave in this backend's format (NumPy; exactly one)
     host: bool = False
@@ -151,6 +152,7 @@ class BackendSpec:
     library: str
     module: str | None
     array_modules: tuple[str, ...]
+    preference: int = 50
 
 
 _SPECS: dict[str, BackendSpec] = {}
@@ -159,7 +161,8 @@ _FAILED: dict[str, str] = {}
 
 
 def register_backend(backend: str | Backend, *, library: str | None = None,
-                     module: str | None = None, array_modules: tuple[str, ...] = ()) -> None:
+                     module: str | None = None, array_modules: tuple[str, ...] = (),
+                     preference: int | None = None) -> None:
     """Make a backend known: by name, with the module that defines it (loaded on first use,
     so `import tgx` imports no torch or jax), or as a ready `Backend` object.
 
@@ -173,12 +176,14 @@ def register_backend(backend: str | Backend, *, library: str | None = None,
         name = backend.name
         _LOADED[name] = backend
         library = backend.library or "numpy"
+        preference = backend.preference if preference is None else preference
     else:
         name = backend
     if not name:
         raise KernelError("a backend needs a name")
     _SPECS[name] = BackendSpec(name, library or name, module,
-                               tuple(array_modules) or (library or name,))
+                               tuple(array_modules) or (library or name,),
+                               Backend.preference if preference is None else preference)
     _FAILED.pop(name, None)
 
 
@@ -246,8 +251,14 @@ def host_name() -> str:
 
 
 def primary_backend(backends) -> str:
-    """The backend HEURISTIC prefers among `backends` (the lowest `preference`)."""
-    return min(backends, key=lambda b: get_backend(b).preference)
+    """The backend HEURISTIC prefers among `backends` (the lowest `preference`; known from
+    the registration, so no library is imported to choose)."""
+    return min(backends, key=preference)
+
+
+def preference(name: str) -> int:
+    """HEURISTIC's rank of backend `name` (lower first)."""
+    return _SPECS[name].preference
 
 
 def check_backends(backends=None, device: str = "cpu") -> list[str]:

@@ -192,7 +192,6 @@ class JaxBackend(Backend):
     """JAX/XLA: consecutive equations of a plan run as one `jax.jit` (XLA fuses them)."""
 
     name, library = NAME, "jax"
-    preference = 20
     fuses_regions = True
     reads_host_async = True  # dispatch returns before the work (and its reads) are done
     # a jitted 1-element op ≈ 5 µs (the dispatch of one call); ~10 GB/s; 512³ matmul peak

@@ -165,7 +165,6 @@ class NumpyBackend(Backend):
     """NumPy: the host format; zero-copy views into tgx's workspace."""
 
     name, library = NAME, "numpy"
-    preference = 30
     host = host_only = True
     writes_workspace = True
     # Rough CPU figures: a 1-element add through NumPy ≈ 1 µs, ~8 GB/s per core, peak from a

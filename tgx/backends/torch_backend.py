@@ -375,7 +375,6 @@ class TorchBackend(Backend):
     """PyTorch, on the CPU (sharing memory with NumPy) or a CUDA device."""
 
     name, library = NAME, "torch"
-    preference = 10   # HEURISTIC's primary backend when allowed
     writes_workspace = True
     # a 1-element add through torch ≈ 4 µs; ~10 GB/s; peak from a 512³ matmul
     cost = (4.0e-6, 10e9, 4e10)

@@ -1,9 +1,10 @@
 """`tgx.candidates`: every way to run one equation.
 
-For an equation: each backend's kernels whose checker accepts it, the primitive's
-decomposition (when it has one), and every other backend reached through `copy_to` (the
-equation runs there, its inputs and outputs are transferred). Declined kernels are listed with
-the checker's reason in `declined`.
+For an equation: each backend's kernels whose checker accepts it and the primitive's
+decomposition (when it has one). A kernel on another backend than the one holding the inputs
+is a detour through `copy_to`: the copies follow from the backends. Declined kernels are
+listed with the checker's reason in `declined`. The selection (FASTEST) and `tgx.paths`
+choose among exactly these candidates.
 
 >>> import tgx, tgx.numpy as tnp
 >>> g = tgx.make_graph(lambda x: tnp.exp(x))(tgx.Spec(("N",)))
@@ -29,24 +30,30 @@ VARIANT_RANK = {"library": 0, "out": 1, "default": 2}
 
 @dataclass(frozen=True)
 class Candidate:
-    """One way to run an equation.
+    """One way to run an equation (or, kind "pattern", a matched set of equations) — the one
+    option type every planner chooses among.
 
-    kind: "kernel" (run `kernel` on `backend`), "decomposition" (expand the primitive into its
-    decomposition and choose again per equation), or "transfer" (copy the inputs to `backend`,
-    run `kernel` there, copy the results back to `home`).
+    kind: "kernel" (run `kernel` on `backend`), "pattern" (a pattern kernel for several
+    equations), or "decomposition" (expand the primitive into its decomposition and choose
+    again per equation). A kernel on another backend than the one holding the inputs is a
+    detour: the copies follow from the backends (`tgx.planning.transfers`).
     """
 
     kind: str
     backend: str | None = None
     kernel: Kernel | None = None
-    home: str | None = None
+
+    def token(self) -> dict:
+        """What a stored plan records of this choice (kernels by name, variant and source
+        hash: a kernel that changed makes the plan unloadable)."""
+        if self.kind == "decomposition":
+            return {"d": "decomposition"}
+        k = self.kernel
+        return {"d": self.kind, "name": k.name, "backend": k.backend, "variant": k.variant,
+                "source_hash": k.source_hash}
 
     def __str__(self) -> str:
-        if self.kind == "kernel":
-            return f"kernel {self.kernel!r}"
-        if self.kind == "transfer":
-            return f"copy_to {self.backend} → kernel {self.kernel!r} → copy_to {self.home}"
-        return "decomposition"
+        return "decomposition" if self.kind == "decomposition" else f"{self.kind} {self.kernel!r}"
 
 
 @dataclass
@@ -87,22 +94,13 @@ def accepted_kernels(eqn: Eqn, backend: str, declined: list | None = None,
     return out
 
 
-def candidates(eqn: Eqn, backends: Sequence[str] | None = None, *,
-               home: str = "numpy") -> Candidates:
-    """Every way to run `eqn` on `backends` (default: every available backend).
-
-    Kernels on `home` (where the inputs live) come first; kernels elsewhere appear twice: as a
-    plain kernel and as a transfer candidate (copy in, run, copy back).
-    """
+def candidates(eqn: Eqn, backends: Sequence[str] | None = None) -> Candidates:
+    """Every way to run `eqn` on `backends` (default: every available backend): each
+    backend's accepting kernels (best variant first), then the decomposition; the selection
+    and `tgx.paths` choose among exactly these."""
     backends = list(backends) if backends is not None else available_backends()
     declined: list = []
-    out: list[Candidate] = []
-    transfers: list[Candidate] = []
-    for b in backends:
-        for k in accepted_kernels(eqn, b, declined):
-            out.append(Candidate("kernel", b, k))
-            if b != home:
-                transfers.append(Candidate("transfer", b, k, home))
+    out = [Candidate("kernel", b, k) for b in backends for k in accepted_kernels(eqn, b, declined)]
     if eqn.primitive.decomposition is not None:
         out.append(Candidate("decomposition"))
-    return Candidates(out + transfers, declined)
+    return Candidates(out, declined)

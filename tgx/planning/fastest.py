@@ -26,7 +26,7 @@ from ..serialize import SerializationError
 from ..shapes import hint_binding
 from ..store.schema import make_pending
 from .assignment import Assignment
-from .candidates import accepted_kernels
+from .candidates import Candidate, accepted_kernels
 from .cost_model import CostModel, Estimate
 from .heuristic import heuristic_assignment
 from .options import PlanOptions
@@ -70,7 +70,8 @@ def assignment_cost(a: Assignment, backends, cm: CostModel, dims, weights=()) ->
     weights copy for nothing) and the switches between consecutive backends."""
     sel = _Selector(backends, cm, dims, [a.graph.invars[i].id for i in weights])
     # a `copy_to` written in the graph carries no work (its copies follow from the backends)
-    opts = [{b: Choice(b, k, cm.kernel(e, k, dims) if k is not None else NO_WORK)}
+    opts = [{b: Choice(b, Candidate("kernel", b, k),
+                       cm.kernel(e, k, dims) if k is not None else NO_WORK)}
             for e, b, k in zip(a.graph.eqns, a.backends, a.kernels)]
     sel.prepare(a.graph, host_name(), 0, opts)
     return sel.total(list(a.backends))[0]

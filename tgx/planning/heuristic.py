@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..backends import check_backends, get_backend, host_name, primary_backend
+from ..backends import check_backends, get_backend, host_name, preference, primary_backend
 from ..core import Graph, Literal
 from ..devices import Device
 from ..errors import KernelError
@@ -80,13 +80,10 @@ def assign_backends(graph: Graph, backends: Sequence[str] | None = None,
     primary = primary_backend(backends)
     host = host_name()
 
-    def rank(b):
-        return get_backend(b).preference
-
     # on a GPU: the device backends (primary first), host-only ones last
     fallback = (list(backends) if on_host else
                 sorted(backends, key=lambda b: (get_backend(b).host_only, b != primary,
-                                                rank(b))))
+                                                preference(b))))
     where: dict[int, str] = {v.id: host for v in (*graph.invars, *graph.constvars)}
     out = []
     for eqn in graph.eqns:

@@ -55,7 +55,7 @@ from ..shapes import hint_binding
 from ..tracing import GraphBuilder
 from ..transforms.decompose import decomposition_graph
 from .assignment import Assignment
-from .candidates import accepted_kernels
+from .candidates import Candidate, candidates
 from .cost_model import CostModel
 from .transfers import copy_source
 
@@ -65,25 +65,6 @@ MAX_SUBSETS = 4096   # compatible sets of pattern occurrences explored per graph
 
 # ---------------------------------------------------------------------------------------------
 # the choice structure
-
-
-@dataclass(frozen=True)
-class Option:
-    """One way to run a unit: `kind` "kernel", "pattern" (a pattern kernel) or "decomposition"."""
-
-    kind: str
-    backend: str | None = None
-    kernel: Kernel | None = None
-
-    def token(self) -> dict:
-        if self.kind == "decomposition":
-            return {"d": "decomposition"}
-        k = self.kernel
-        return {"d": self.kind, "name": k.name, "backend": k.backend, "variant": k.variant,
-                "source_hash": k.source_hash}
-
-    def __str__(self) -> str:
-        return "decomposition" if self.kind == "decomposition" else f"{self.kind} {self.kernel!r}"
 
 
 class Unit:
@@ -252,7 +233,7 @@ def _unit_count(u: Unit) -> int:
     return sum(o_count(u, o) for o in u.options)
 
 
-def o_count(u: Unit, o: Option) -> int:
+def o_count(u: Unit, o: Candidate) -> int:
     return u.sub.count() if o.kind == "decomposition" else 1
 
 
@@ -283,7 +264,7 @@ class Step:
     implies (aval, src, dst, estimate) and its depth in the decomposition tree."""
 
     unit: Unit
-    option: Option
+    option: Candidate
     estimate: Any
     transfers: tuple
     depth: int
@@ -413,15 +394,12 @@ class Paths:
     def _eqn_unit(self, eqn: Eqn, index: int, depth: int) -> Unit | None:
         if eqn.primitive.name == "copy_to":
             return None
-        opts = []
-        for b in self.backends:
-            for k in accepted_kernels(eqn, b):
-                if self._keep is None or self._keep(k):
-                    opts.append(Option("kernel", b, k))
+        opts = [c for c in candidates(eqn, self.backends) if c.kind == "kernel"
+                and (self._keep is None or self._keep(c.kernel))]
         sub = None
         if eqn.primitive.decomposition is not None and (self.decompose or not opts):
             sub = Level(decomposition_graph(eqn), self, depth + 1)
-            opts.append(Option("decomposition"))
+            opts.append(Candidate("decomposition"))
         return Unit(eqn, opts, sub, (index,), index)
 
     def _pattern_units(self, graph: Graph) -> list[Unit]:
@@ -433,14 +411,15 @@ class Paths:
             for m in find_pattern(graph, ks[0].pattern):
                 eqn = _fused_eqn(graph, m, ks[0].name)
                 avals = [x.aval for x in m.inputs]
-                opts = [Option("pattern", k.backend, k) for k in ks if k.check(avals, {}) is None]
+                opts = [Candidate("pattern", k.backend, k) for k in ks
+                        if k.check(avals, {}) is None]
                 if opts:
                     units.append(Unit(eqn, opts, None, m.eqns, m.root,
                                       f"{ks[0].name}[{len(m.eqns)} eqns]"))
         return units
 
     # -- estimates --------------------------------------------------------------------------
-    def estimate(self, unit: Unit, option: Option):
+    def estimate(self, unit: Unit, option: Candidate):
         key = (id(unit), option)
         e = self._estimates.get(key)
         if e is None:

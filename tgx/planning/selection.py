@@ -39,7 +39,7 @@ from ..errors import KernelError, TgxError
 from ..transforms.decompose import decomposition_graph
 from ..transforms.rewrite import eval_into, rebind, transform_graph
 from .assignment import Assignment
-from .candidates import accepted_kernels
+from .candidates import Candidate, candidates
 from .cost_model import CostModel, Estimate
 
 # Above this many DP states per step (live values x backends x copies) the exact frontier DP
@@ -49,13 +49,18 @@ MAX_STATES = 300
 
 @dataclass
 class Choice:
-    """How one equation runs: `kernel` on `backend`, or (kernel None) its decomposition
-    (`sub`, a `Selection` of `sub.graph`) started from `backend`."""
+    """A priced candidate: `candidate` (a kernel, or the decomposition) run on `backend`, its
+    `estimate`, and for a decomposition `sub`, the `Selection` of its graph on `backend`."""
 
     backend: str
-    kernel: object
+    candidate: Candidate
     estimate: Estimate
     sub: Selection | None = None
+
+    @property
+    def kernel(self):
+        """The kernel (None for a decomposition)."""
+        return self.candidate.kernel
 
     def __str__(self) -> str:
         what = repr(self.kernel) if self.kernel is not None else f"decomposition@{self.backend}"
@@ -130,21 +135,24 @@ class _Selector:
 
     def _compute_options(self, eqn, depth: int) -> dict[str, Choice]:
         out: dict[str, Choice] = {}
+        cands = candidates(eqn, self.backends)
+        decomposes = any(c.kind == "decomposition" for c in cands)
         for b in self.backends:
             best = None
-            for k in accepted_kernels(eqn, b):
-                if self.cm.excluded(eqn, k, self.dims) is not None:
+            for c in cands:
+                if c.backend != b or self.cm.excluded(eqn, c.kernel, self.dims) is not None:
                     continue
-                est = self.cm.kernel(eqn, k, self.dims)
+                est = self.cm.kernel(eqn, c.kernel, self.dims)
                 if best is None or est.seconds < best.estimate.seconds:
-                    best = Choice(b, k, est)
-            if eqn.primitive.decomposition is not None and depth < 8 and (
+                    best = Choice(b, c, est)
+            if decomposes and depth < 8 and (
                     best is None or self.decomposition_bound(eqn, depth) < best.estimate.seconds):
                 sub = self.decomposition(eqn, b, depth)
                 if sub is not None and (best is None or sub.total < best.estimate.seconds):
                     src = "measured" if all(s == "measured" for s in sub.sources()) else \
                         "cost model"
-                    best = Choice(b, None, Estimate(sub.total, src, "decomposition"), sub)
+                    best = Choice(b, Candidate("decomposition"),
+                                  Estimate(sub.total, src, "decomposition"), sub)
             if best is not None:
                 out[b] = best
         if not out:
