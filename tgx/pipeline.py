@@ -24,6 +24,7 @@ Options travel as one frozen `PlanOptions`.
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 
 from .backends import check_backends
@@ -82,7 +83,9 @@ def select(graph: Graph, options: PlanOptions, backends) -> Assignment:
         a = heuristic_assignment(graph, backends, options.device)
         return a.replace(by=f"heuristic (device {options.device}: the benchmark store's "
                             f"selection is CPU-only, so {options.policy!r} falls back)")
-    store = options.store if options.store is not None else BenchmarkStore()
+    store = options.store
+    if store is None or isinstance(store, (str, os.PathLike)):  # a path, or $TGX_STORE
+        store = BenchmarkStore(store)
     dims = options.binding or hint_binding(graph.in_avals)
     options = replace(options, store=store, dims=dims)
     if options.policy == "explore":

@@ -17,6 +17,7 @@ import tgx.numpy as tnp
 from ..graph import randgraph
 from .test_paths import OPS, PlantedCosts, build
 from tgx.explore import Paths
+from tgx.planning.path_count import _count_key
 from tgx.primitives.transfer import copy_to
 
 S = tgx.Spec
@@ -61,7 +62,7 @@ def completions_by_key(ps: Paths) -> dict:
             child = ps._apply(s, c)
             if child is not None:
                 total += walk(child)
-        seen.setdefault(ps._count_key(s, fronts, sets), set()).add(total)
+        seen.setdefault(_count_key(ps, s, fronts, sets), set()).add(total)
         return total
 
     walk(ps._start())
