@@ -9,17 +9,29 @@ on the fastest measured kernels.
 
 import importlib
 
-from . import primitives  # noqa: F401  (registers every primitive)
-from . import numpy  # noqa: F401  (installs the operators of traced arrays)
+from . import (
+    numpy,  # noqa: F401  (installs the operators of traced arrays)
+    primitives,  # noqa: F401  (registers every primitive)
+)
 from .core import Eqn, Graph, Literal, Primitive, SourceInfo, Var, check_graph
 from .errors import (
-    BindingError, DTypeError, GraphCheckError, KernelError, OutOfMemory, ShapeError,
-    SymbolicShapeError, TgxError, TracerControlFlowError,
+    BindingError,
+    DTypeError,
+    GraphCheckError,
+    IndexingError,
+    KernelError,
+    OptionError,
+    OutOfMemory,
+    ShapeError,
+    SymbolicShapeError,
+    TgxError,
+    TracerControlFlowError,
+    Unsupported,
 )
-from .transforms.decompose import decompose
-from .transforms.evaluate import eval_graph
 from .shapes import ShapedArray, Spec
 from .tracing import make_graph, register_pytree_node, tree_flatten, tree_map, tree_unflatten
+from .transforms.decompose import decompose
+from .transforms.evaluate import eval_graph
 
 __version__ = "0.1.0"
 
@@ -65,9 +77,10 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "BindingError", "DTypeError", "Eqn", "Graph", "GraphCheckError", "KernelError", "Literal",
-    "OutOfMemory", "Primitive", "ShapeError", "ShapedArray", "SourceInfo", "Spec",
-    "SymbolicShapeError", "TgxError", "TracerControlFlowError", "Var", "check_graph",
+    "BindingError", "DTypeError", "Eqn", "Graph", "GraphCheckError", "IndexingError",
+    "KernelError", "Literal", "OptionError", "OutOfMemory", "Primitive", "ShapeError", "ShapedArray", "SourceInfo", "Spec",
+    "SymbolicShapeError", "TgxError", "TracerControlFlowError", "Unsupported", "Var",
+    "check_graph",
     "decompose", "eval_graph", "make_graph", "register_pytree_node", "tree_flatten", "tree_map",
     "tree_unflatten", *_LAZY,
 ]

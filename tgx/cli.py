@@ -19,13 +19,14 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from tgx.errors import TgxError
 from tgx.profiling import format_seconds, profile_many, summarize
 from tgx.profiling.pending import flagged_jobs, pending_jobs
 from tgx.profiling.runner import _env_id, _load_script
 from tgx.store import BenchmarkStore, default_store_path, format_environment, sniff_environment
 
 
-class CliError(Exception):
+class CliError(TgxError):
     """A failure reported as one line on stderr, exit status 1."""
 
 

@@ -8,13 +8,13 @@ interpreters over `Graph` that build new graphs and never mutate their input.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .errors import GraphCheckError, TgxError
+from .errors import DTypeError, GraphCheckError, TgxError, Unsupported
 from .shapes import SHORT_NAMES, ShapedArray, aval_of, shapes_equal
 
 # ---------------------------------------------------------------------------------------------
@@ -97,7 +97,7 @@ class Params(dict):
         return not self == other
 
     def _immutable(self, *a, **k):
-        raise TypeError("equation params are immutable; build a new Eqn instead")
+        raise DTypeError("equation params are immutable; build a new Eqn instead")
 
     __setitem__ = __delitem__ = update = pop = popitem = clear = setdefault = _immutable  # type: ignore
 
@@ -184,7 +184,7 @@ class Trace:
         assert _TRACE_STACK.pop() is self
 
     def process_primitive(self, prim: "Primitive", args, params: "Params"):
-        raise NotImplementedError
+        raise Unsupported(f"{type(self).__name__} does not interpret {prim}")
 
 
 def find_top_trace(args) -> Trace | None:

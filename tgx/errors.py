@@ -22,7 +22,7 @@ class ShapeError(TgxError, ValueError):
 
 
 class DTypeError(TgxError, TypeError):
-    """Operands whose dtypes do not fit the op."""
+    """Operands whose dtypes (or Python types) do not fit the op."""
 
 
 class TracerControlFlowError(TgxError):
@@ -39,6 +39,14 @@ class GraphCheckError(TgxError):
 
 class KernelError(TgxError):
     """No kernel can run an equation, or a kernel failed while running."""
+
+
+class IndexingError(TgxError, IndexError):
+    """An index a traced array cannot take (out of bounds, data-dependent, unsupported form)."""
+
+
+class Unsupported(TgxError, NotImplementedError):
+    """A feature of the NumPy / PyTorch API tgx does not implement (yet), named."""
 
 
 class OptionError(TgxError, ValueError):

@@ -19,6 +19,7 @@ from . import numpy as tnp
 from .primitives.math import erfinv_p
 from .primitives.ops import _aval
 from .primitives.random import threefry2x32_p
+from .errors import DTypeError, Unsupported
 from .shapes import as_dim, as_dtype, finfo, float32, float64, is_float, uint32
 from .tracing import Tracer
 
@@ -49,7 +50,7 @@ def threefry_2x32(k0, k1, x0, x1):
 def _key_words(k):
     a = _aval(k)
     if a.dtype != uint32 or tuple(a.shape) != (2,):
-        raise TypeError(f"a key must be a uint32[2] array (tgx.random.key), got {a.str_short()}")
+        raise DTypeError(f"a key must be a uint32[2] array (tgx.random.key), got {a.str_short()}")
     return tnp.index_axis(k, 0, 0), tnp.index_axis(k, 0, 1)
 
 
@@ -76,7 +77,7 @@ def _counters(shape):
 def bits(key, shape=(), dtype=uint32):
     """Random uint32 bits of `shape` (symbolic dims allowed); equals `jax.random.bits`."""
     if as_dtype(dtype) != uint32:
-        raise NotImplementedError("tgx.random.bits supports uint32 only")
+        raise Unsupported("tgx.random.bits supports uint32 only")
     shape = _norm_shape(shape)
     k0, k1 = _key_words(key)
     hi, lo = _counters(shape)
@@ -116,7 +117,7 @@ def uniform(key, shape=(), dtype=float32, minval=0.0, maxval=1.0):
     """Uniform floats in [minval, maxval) of `shape`."""
     dtype = as_dtype(dtype)
     if not is_float(dtype):
-        raise TypeError(f"uniform needs a floating dtype, got {dtype}")
+        raise DTypeError(f"uniform needs a floating dtype, got {dtype}")
     shape = _norm_shape(shape)
     work = float64 if dtype == float64 else float32
     u = _unit(key, shape, work)

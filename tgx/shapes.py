@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
-from collections.abc import Iterable, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -426,7 +426,7 @@ def aval_of(x: Any) -> ShapedArray:
     dtype = getattr(x, "dtype", None)
     if shape is not None and dtype is not None:  # torch / jax arrays
         return ShapedArray(tuple(int(d) for d in shape), as_dtype(dtype))
-    raise TypeError(f"expected an array, a Python scalar or a tgx.Spec, got {type(x).__name__}")
+    raise DTypeError(f"expected an array, a Python scalar or a tgx.Spec, got {type(x).__name__}")
 
 
 # ---------------------------------------------------------------------------------------------

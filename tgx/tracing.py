@@ -11,13 +11,13 @@ import functools
 import os
 import sys
 from collections import namedtuple
-from typing import Any
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
 from .core import Eqn, Graph, Literal, Params, Primitive, SourceInfo, Trace, Var
-from .errors import TgxError, TracerControlFlowError
+from .errors import DTypeError, TgxError, TracerControlFlowError
 from .shapes import ShapedArray, aval_of, dim_str, is_concrete, shape_str
 
 # ---------------------------------------------------------------------------------------------
@@ -219,7 +219,7 @@ class Tracer:
 
     def __len__(self):
         if not self.shape:
-            raise TypeError("len() of a 0-d array")
+            raise DTypeError("len() of a 0-d array")
         d = self.shape[0]
         if not is_concrete(d):
             info = user_frame(2)
@@ -273,7 +273,7 @@ class GraphBuilder(Trace):
             return v
         if hasattr(x, "__array__") and hasattr(x, "shape") and hasattr(x, "dtype"):
             return self.to_atom(np.asarray(x))
-        raise TypeError(f"cannot use a value of type {type(x).__name__} in a traced function")
+        raise DTypeError(f"cannot use a value of type {type(x).__name__} in a traced function")
 
     def process_primitive(self, prim: Primitive, args, params: Params):
         atoms = [self.to_atom(a) for a in args]
@@ -310,7 +310,7 @@ def _arg_aval(x: Any, path: str) -> ShapedArray:
     try:
         return aval_of(x)
     except TypeError:
-        raise TypeError(
+        raise DTypeError(
             f"argument {path} has type {type(x).__name__}; traced arguments are arrays, Python "
             f"scalars or tgx.Spec (use functools.partial or a closure for static values)"
         ) from None
@@ -330,7 +330,7 @@ def trace_to_graph(f: Callable, in_avals_tree: Any, hints: list | None = None,
         out_leaves, out_tree = tree_flatten(out)
         for x in out_leaves:
             if not isinstance(x, (Tracer, np.ndarray, np.generic, int, float, bool)):
-                raise TypeError(f"traced function returned a {type(x).__name__}; outputs must be "
+                raise DTypeError(f"traced function returned a {type(x).__name__}; outputs must be "
                                 f"arrays or pytrees of arrays")
         return b.build([t.variable for t in tracers], out_leaves, in_tree, out_tree)
 

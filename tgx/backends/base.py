@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..devices import HOST, Device
-from ..errors import KernelError
+from ..errors import KernelError, Unsupported
 
 
 class Backend:
@@ -94,7 +94,7 @@ class Backend:
 
     def from_host(self, x: np.ndarray, device: str = HOST) -> Any:
         """A NumPy array as this backend's array on `device`."""
-        raise NotImplementedError(f"backend {self.name!r} has no from_host")
+        raise Unsupported(f"backend {self.name!r} has no from_host")
 
     def from_foreign(self, x: Any, device: str = HOST) -> Any | None:
         """`x`, an array of another backend, converted directly (DLPack …), or None to go
@@ -134,7 +134,7 @@ class Backend:
     def region(self, steps: list, in_ids: list, out_ids: list) -> Callable:
         """For `fuses_regions`: one callable running `steps` — (fn, params, eqn) each, in
         order — on the values of `in_ids`, returning those of `out_ids`."""
-        raise NotImplementedError(f"backend {self.name!r} does not fuse regions")
+        raise Unsupported(f"backend {self.name!r} does not fuse regions")
 
     def __repr__(self) -> str:
         return f"<Backend {self.name}>"

@@ -14,6 +14,7 @@ import torch
 from .. import primitives  # noqa: F401 - registers the atomic primitives
 from ..core import PRIMITIVES
 from ..devices import Device
+from ..errors import DTypeError
 from ..primitives import transfer  # noqa: F401 - registers copy_to
 from ..primitives.movement import dynamic_window
 from ..shapes import bfloat16, uint32
@@ -121,7 +122,7 @@ def torch_dot_general(x, y, *, dimension_numbers):
     (lc, rc), (lb, rb) = dimension_numbers
     lf, rf = _free(x.ndim, lc, lb), _free(y.ndim, rc, rb)
     if x.dtype == torch.bool:
-        raise TypeError("bool dot_general")
+        raise DTypeError("bool dot_general")
     if not lb and lc == (x.ndim - 1,) and rc == (0,) and y.ndim == 2:  # (..., K) @ (K, N)
         return torch.matmul(x, y)
     if not lb and not lc and not rc:  # outer product

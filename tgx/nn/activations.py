@@ -15,6 +15,7 @@ from __future__ import annotations
 from .. import numpy as tnp
 from .. import primitives as P
 from .. import random
+from ..errors import DTypeError, OptionError
 from ..primitives import activations as A
 from ..primitives.ops import _as_operand, _aval, _float_args
 from ..shapes import canonicalize_axes
@@ -31,7 +32,7 @@ def _f(x):
 
 def _dim(dim, axis, default=-1):
     if dim is not None and axis is not None and dim != axis:
-        raise TypeError(f"pass dim= or axis=, not both (got dim={dim}, axis={axis})")
+        raise DTypeError(f"pass dim= or axis=, not both (got dim={dim}, axis={axis})")
     return default if dim is None and axis is None else (dim if dim is not None else axis)
 
 
@@ -68,7 +69,7 @@ def celu(x, alpha: float = 1.0):
 def gelu(x, approximate: str = "none"):
     """x * Phi(x) (exact, erf) or the tanh approximation (`approximate="tanh"`)."""
     if approximate not in ("none", "tanh"):
-        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+        raise OptionError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
     return P.gelu_p.bind(_f(x), approximate=approximate)
 
 
@@ -152,7 +153,7 @@ def dropout(x, p: float = 0.5, key=None, training: bool = True):
     if p >= 1:
         return tnp.zeros_like(x)
     if key is None:
-        raise ValueError("dropout needs a tgx.random key when training (key=tgx.random.key(0))")
+        raise OptionError("dropout needs a tgx.random key when training (key=tgx.random.key(0))")
     keep = random.bernoulli(key, 1.0 - p, tnp.shape(x))
     return tnp.where(keep, tnp.divide(x, 1.0 - p), tnp.zeros_like(x))
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from .. import numpy as tnp
+from ..errors import Unsupported
 from ..primitives import attention as A
 from ..primitives.ops import _as_operand, _aval, _float_args
 from ..shapes import bool_
@@ -33,14 +34,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
       explicit random bits instead.
     """
     if dropout_p:
-        raise NotImplementedError("scaled_dot_product_attention: dropout_p > 0 is not supported "
+        raise Unsupported("scaled_dot_product_attention: dropout_p > 0 is not supported "
                                   "(tgx ops are deterministic)")
     query, key, value = (_as_operand(x) for x in _float_args(query, key, value))
     dt = _aval(query).dtype
     if scale is None:
         e = _aval(query).shape[-1]
         if not isinstance(e, int):
-            raise NotImplementedError("scaled_dot_product_attention: a symbolic head dim needs "
+            raise Unsupported("scaled_dot_product_attention: a symbolic head dim needs "
                                       "an explicit scale")
         scale = 1.0 / math.sqrt(e)
     args = (query, key, value)

@@ -15,6 +15,7 @@ every pooling op the one `pool` primitive (parameterised by `reduction`), and `p
 from __future__ import annotations
 
 from .. import numpy as tnp
+from ..errors import OptionError, Unsupported
 from ..primitives import conv as Cv
 from ..primitives.ops import _as_operand, _aval, _float_args
 
@@ -26,7 +27,7 @@ __all__ = ["conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
 def _tuple(v, n, what):
     t = (v,) * n if isinstance(v, int) else tuple(int(e) for e in v)
     if len(t) != n:
-        raise ValueError(f"{what} needs {n} values, got {v!r}")
+        raise OptionError(f"{what} needs {n} values, got {v!r}")
     return t
 
 
@@ -36,7 +37,7 @@ def _batched(x, n, op):
     if nd == n + 1:
         return tnp.expand_dims(x, 0), True
     if nd != n + 2:
-        raise ValueError(f"{op}: expected a {n + 1}-D (unbatched) or {n + 2}-D input, got "
+        raise OptionError(f"{op}: expected a {n + 1}-D (unbatched) or {n + 2}-D input, got "
                          f"{_aval(x)}")
     return x, False
 
@@ -60,11 +61,11 @@ def _conv(n, input, weight, bias, stride, padding, dilation, groups, op):
         pads = ((0, 0),) * n
     elif padding == "same":
         if any(s != 1 for s in stride):
-            raise ValueError(f"{op}: padding='same' is not supported for strided convolutions")
+            raise OptionError(f"{op}: padding='same' is not supported for strided convolutions")
         pads = tuple((d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2)
                      for d, k in zip(dilation, kernel))
     elif isinstance(padding, str):
-        raise ValueError(f"{op}: padding must be 'valid', 'same', an int or a tuple, got "
+        raise OptionError(f"{op}: padding must be 'valid', 'same', an int or a tuple, got "
                          f"{padding!r}")
     else:
         pads = tuple((p, p) for p in _tuple(padding, n, "padding"))
@@ -139,7 +140,7 @@ def pool(input, reduction, kernel_size, stride=None, padding=0, dilation=1, ceil
 
 def _max_pool(n, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
     if return_indices:
-        raise NotImplementedError("max_pool: return_indices=True is not supported")
+        raise Unsupported("max_pool: return_indices=True is not supported")
     return pool(input, "max", _tuple(kernel_size, n, "kernel_size"), stride, padding, dilation,
                 ceil_mode)
 
@@ -188,15 +189,15 @@ def pad(input, pad, mode="constant", value=None):
     the edge) and 'circular' (wrap around)."""
     pad = tuple(int(p) for p in pad)
     if len(pad) % 2:
-        raise ValueError(f"pad: needs (left, right) pairs, got {pad}")
+        raise OptionError(f"pad: needs (left, right) pairs, got {pad}")
     x = _as_operand(input)
     nd = _aval(x).ndim
     if len(pad) // 2 > nd:
-        raise ValueError(f"pad: {len(pad) // 2} padded axes for an input of rank {nd}")
+        raise OptionError(f"pad: {len(pad) // 2} padded axes for an input of rank {nd}")
     pads = [(0, 0)] * nd
     for i in range(len(pad) // 2):
         pads[nd - 1 - i] = (pad[2 * i], pad[2 * i + 1])
     if mode != "constant" and value:
-        raise ValueError(f"pad: value is only used with mode='constant', got mode={mode!r}")
+        raise OptionError(f"pad: value is only used with mode='constant', got mode={mode!r}")
     return Cv.nn_pad_p.bind(x, pads=tuple(pads), mode=mode,
                             value=0.0 if value is None else float(value))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sympy
 
 from .. import numpy as tnp
+from ..errors import OptionError, Unsupported
 from ..primitives import layers as Ly
 from ..primitives.ops import _as_operand, _aval, _promoted
 from ..shapes import as_dim, as_dtype, float32, int64
@@ -44,7 +45,7 @@ def bmm(input, mat2):
     """Batched matrix product of (B, n, m) and (B, m, p) (no broadcasting, as in torch)."""
     a, b = _aval(input), _aval(mat2)
     if a.ndim != 3 or b.ndim != 3:
-        raise ValueError(f"bmm: expects two 3-D operands, got {a} and {b}")
+        raise OptionError(f"bmm: expects two 3-D operands, got {a} and {b}")
     return matmul(input, mat2)
 
 
@@ -54,7 +55,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     `padding_idx` only affects gradients in torch, so the forward value ignores it; indices
     outside [0, num_embeddings) are clamped (torch raises)."""
     if max_norm is not None:
-        raise NotImplementedError("embedding: max_norm renormalises the weight in place; "
+        raise Unsupported("embedding: max_norm renormalises the weight in place; "
                                   "not supported")
     return Ly.embedding_p.bind(_as_operand(tnp.asarray(input)), _as_operand(weight))
 

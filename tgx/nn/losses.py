@@ -11,6 +11,7 @@ Each binds one composite primitive of `tgx.primitives.losses`. The deprecated to
 
 from __future__ import annotations
 
+from ..errors import OptionError, Unsupported
 from ..primitives import losses as L
 from ..primitives.ops import _as_operand, _aval, _float_args
 from ..shapes import is_float
@@ -21,7 +22,7 @@ __all__ = ["cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss",
 
 def _no_legacy(op, size_average, reduce):
     if size_average is not None or reduce is not None:
-        raise NotImplementedError(f"{op}: size_average/reduce are deprecated; use reduction=")
+        raise Unsupported(f"{op}: size_average/reduce are deprecated; use reduction=")
 
 
 def _floats(*xs):
@@ -83,7 +84,7 @@ def smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="mea
     """Huber-like loss: `0.5 d**2 / beta` where `|d| < beta`, else `|d| - 0.5 beta`."""
     _no_legacy("smooth_l1_loss", size_average, reduce)
     if beta < 0:
-        raise ValueError(f"smooth_l1_loss: beta must be >= 0, got {beta}")
+        raise OptionError(f"smooth_l1_loss: beta must be >= 0, got {beta}")
     return L.smooth_l1_loss_p.bind(*_floats(input, target), reduction=reduction,
                                    beta=float(beta))
 

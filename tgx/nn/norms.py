@@ -12,6 +12,7 @@ array([[-1.,  1.]], dtype=float32)
 from __future__ import annotations
 
 from .. import numpy as tnp
+from ..errors import Unsupported
 from ..primitives import norms as Nm
 from ..primitives.ops import _as_operand, _aval, _float_args
 from ..shapes import as_dim, bfloat16, finfo, float16, float32
@@ -70,7 +71,7 @@ def batch_norm_with_stats(input, running_mean, running_var, weight=None, bias=No
     running = (_as_operand(running_mean), _as_operand(running_var)) if has_running \
         else ()
     if momentum is None:
-        raise NotImplementedError("batch_norm: momentum=None (cumulative average) needs a batch "
+        raise Unsupported("batch_norm: momentum=None (cumulative average) needs a batch "
                                   "counter; pass a float")
     args = (x,) + running + tuple(a for a in (w, b) if a is not None)
     outs = Nm.batch_norm_p.bind(*args, training=bool(training), momentum=float(momentum),

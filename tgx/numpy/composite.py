@@ -10,15 +10,36 @@ import numpy as np
 from .. import primitives as P
 from ..primitives.math import absolute, square  # noqa: F401 - tnp.square is math.square
 from ..primitives.ops import (
-    _arg_reduce, _as_operand, _aval, _float_args, _promoted, _unary_float, _unary_op, add, astype,
-    equal, exp, maximum, negative, ravel, reshape, subtract, where, zeros_like,
+    _arg_reduce,
+    _as_operand,
+    _aval,
+    _float_args,
+    _promoted,
+    _unary_float,
+    _unary_op,
+    add,
+    astype,
+    equal,
+    exp,
+    maximum,
+    negative,
+    ravel,
+    reshape,
+    subtract,
+    where,
+    zeros_like,
 )
 from ..primitives.reduce_composite import mean  # noqa: F401 - tnp.mean is the binder
 from ..shapes import (
-    DEFAULT_FLOAT, DEFAULT_INT, bool_, canonicalize_axes, canonicalize_axis, int32, is_float,
+    DEFAULT_FLOAT,
+    DEFAULT_INT,
+    bool_,
+    canonicalize_axes,
+    canonicalize_axis,
+    int32,
+    is_float,
     is_int,
 )
-
 
 # ---------------------------------------------------------------------------------------------
 # Elementwise

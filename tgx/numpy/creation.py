@@ -8,11 +8,21 @@ import builtins
 import numpy as np
 
 from .. import primitives as P
+from ..errors import Unsupported
 from ..primitives.ops import (
-    _aval, _cast, add, asarray, astype, equal, iota, multiply, tri, where, zeros,
+    _aval,
+    _cast,
+    add,
+    asarray,
+    astype,
+    equal,
+    iota,
+    multiply,
+    tri,
+    where,
+    zeros,
 )
 from ..shapes import DEFAULT_FLOAT, DEFAULT_INT, as_dim, as_dtype, bool_, float32, int64
-
 
 array = asarray
 
@@ -29,7 +39,7 @@ def arange(start, stop=None, step=1, dtype=None):
         n = builtins.max(0, int(np.ceil((stop - start) / step)))
     else:
         if step != 1:
-            raise NotImplementedError("arange with a symbolic bound supports step=1 only")
+            raise Unsupported("arange with a symbolic bound supports step=1 only")
         n = as_dim(stop - start)
     out = P.iota_p.bind(dtype=dtype, shape=(n,), dimension=0)
     if step != 1:

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from .. import primitives as P
 from ..primitives.ops import (
-    _aval, _cast, _float_args, _is_array, _promoted, _unary_float, divide, multiply, ones_like,
+    _aval,
+    _cast,
+    _float_args,
+    _is_array,
+    _promoted,
+    _unary_float,
+    divide,
+    multiply,
+    ones_like,
 )
 from ..shapes import is_float, is_int
 

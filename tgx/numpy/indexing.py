@@ -8,10 +8,20 @@ import builtins
 import numpy as np
 
 from .. import primitives as P
-from ..errors import TracerControlFlowError
+from ..errors import IndexingError, TracerControlFlowError, Unsupported
 from ..primitives.ops import (
-    _as_operand, _aval, _cast, _normalize_index, _prod_dims, _shape_value, add, asarray, astype,
-    broadcast_to, multiply, reshape,
+    _as_operand,
+    _aval,
+    _cast,
+    _normalize_index,
+    _prod_dims,
+    _shape_value,
+    add,
+    asarray,
+    astype,
+    broadcast_to,
+    multiply,
+    reshape,
 )
 from ..shapes import as_dim, broadcast_shapes, dim_ge, dim_str, int64, is_int, shape_str
 from ..tracing import Tracer
@@ -26,9 +36,9 @@ def _getitem(x, key):
         return _advanced_getitem(x, key)
     n_real = builtins.sum(1 for k in key if k is not None and k is not Ellipsis)
     if n_real > a.ndim:
-        raise IndexError(f"too many indices for an array of shape {shape_str(a.shape)}: {key}")
+        raise IndexingError(f"too many indices for an array of shape {shape_str(a.shape)}: {key}")
     if builtins.sum(1 for k in key if k is Ellipsis) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
+        raise IndexingError("an index can only have a single ellipsis ('...')")
     if builtins.any(k is Ellipsis for k in key):
         i = next(j for j, k in enumerate(key) if k is Ellipsis)
         key = key[:i] + (slice(None),) * (a.ndim - n_real) + key[i + 1:]
@@ -53,15 +63,16 @@ def _getitem(x, key):
             out_shape.append(None)
         else:
             if isinstance(k, (bool, np.bool_)):
-                raise IndexError("boolean indices have data-dependent shapes and cannot be traced")
+                raise IndexingError("boolean indices have data-dependent shapes and cannot be "
+                                    "traced")
             try:
                 i = int(k)
             except TypeError:
-                raise IndexError(f"unsupported index {k!r}") from None
+                raise IndexingError(f"unsupported index {k!r}") from None
             if i < 0:
                 i = as_dim(d + i)
             if not (dim_ge(i, 0) and dim_ge(d, as_dim(i + 1))):
-                raise IndexError(f"index {int(k)} is out of bounds for axis {ax} with size "
+                raise IndexingError(f"index {int(k)} is out of bounds for axis {ax} with size "
                                  f"{dim_str(d)}")
             starts.append(i)
             limits.append(as_dim(i + 1))
@@ -89,13 +100,13 @@ def _getitem(x, key):
 def _slice_bounds(k: slice, d, ax):
     st = 1 if k.step is None else int(k.step)
     if st == 0:
-        raise IndexError("slice step cannot be zero")
+        raise IndexingError("slice step cannot be zero")
     if st < 0:
         # Reverse the axis, then slice forward: x[a:b:-s] == rev(x)[d-1-a : d-1-b : s].
         if k.start is None and k.stop is None:
             return 0, d, st
         if type(d) is not int:
-            raise NotImplementedError("negative-step slices with bounds need a concrete dim")
+            raise Unsupported("negative-step slices with bounds need a concrete dim")
         idx = range(d)[k]
         if len(idx) == 0:
             return 0, 0, -1
@@ -137,11 +148,11 @@ def _advanced_getitem(x, key):
         n_real = builtins.sum(1 for k in key if k is not None and k is not Ellipsis)
         key = key[:i] + (slice(None),) * (a.ndim - n_real) + key[i + 1:]
     if builtins.any(k is None for k in key):
-        raise NotImplementedError("mixing None with integer-array indices is not supported")
+        raise Unsupported("mixing None with integer-array indices is not supported")
     key = key + (slice(None),) * (a.ndim - len(key))
     adv = [i for i, k in enumerate(key) if not isinstance(k, slice)]
     if adv != list(range(adv[0], adv[-1] + 1)):
-        raise NotImplementedError("integer-array indices separated by slices are not supported")
+        raise Unsupported("integer-array indices separated by slices are not supported")
     # Basic part first.
     basic = tuple(k if isinstance(k, slice) else slice(None) for k in key)
     x = _getitem(x, basic)
@@ -149,7 +160,8 @@ def _advanced_getitem(x, key):
     idxs = [asarray(k) if not isinstance(k, Tracer) else k for k in key[adv[0]:adv[-1] + 1]]
     for k in idxs:
         if not is_int(_aval(k).dtype):
-            raise IndexError(f"arrays used as indices must be integers, got {_aval(k).str_short()}")
+            raise IndexingError(f"arrays used as indices must be integers, got "
+                                f"{_aval(k).str_short()}")
     sizes = [a.shape[i] for i in adv]
     idxs = [_normalize_index(_as_operand(k), d) for k, d in zip(idxs, sizes)]
     if len(idxs) == 1:

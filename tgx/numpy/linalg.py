@@ -6,9 +6,17 @@ from __future__ import annotations
 import string
 
 from .. import primitives as P
-from ..errors import ShapeError
+from ..errors import ShapeError, Unsupported
 from ..primitives.ops import (
-    _as_operand, _aval, _cast, _promoted, multiply, ravel, reshape, sum, transpose,
+    _as_operand,
+    _aval,
+    _cast,
+    _promoted,
+    multiply,
+    ravel,
+    reshape,
+    sum,
+    transpose,
 )
 from ..shapes import promote, shape_str
 
@@ -51,7 +59,7 @@ def einsum(subscripts: str, *operands):
         raise ShapeError(f"einsum: {len(specs)} operand specs in {subscripts!r} but "
                          f"{len(operands)} operands")
     if "." in subscripts:
-        raise NotImplementedError("einsum: ellipsis ('...') is not supported yet")
+        raise Unsupported("einsum: ellipsis ('...') is not supported yet")
     operands = list(operands)
     dtype, _ = promote(*[_aval(x) for x in operands])
     operands = [_as_operand(_cast(x, dtype)) for x in operands]
@@ -60,7 +68,7 @@ def einsum(subscripts: str, *operands):
             raise ShapeError(f"einsum: spec {s!r} has {len(s)} labels but operand has shape "
                              f"{shape_str(_aval(x).shape)}")
         if len(set(s)) != len(s):
-            raise NotImplementedError(f"einsum: repeated label in {s!r} (diagonals) is not "
+            raise Unsupported(f"einsum: repeated label in {s!r} (diagonals) is not "
                                       f"supported")
     # Contract left to right, summing out labels no later operand or the output needs.
     cur, cur_spec = operands[0], specs[0]

@@ -8,7 +8,7 @@ import builtins
 import numpy as np
 
 from .. import primitives as P
-from ..errors import ShapeError, TracerControlFlowError
+from ..errors import ShapeError, TracerControlFlowError, Unsupported
 from ..primitives.ops import _as_operand, _aval, concatenate, ravel, reshape, slice_axis
 from ..shapes import as_dim, canonicalize_axis, dim_div, dim_ge, dim_str, shape_str
 from ..tracing import Tracer
@@ -17,7 +17,7 @@ from ..tracing import Tracer
 def pad(x, pad_width, mode="constant", constant_values=0):
     """Pad with a constant (other modes are in `tgx.nn.pad`)."""
     if mode != "constant":
-        raise NotImplementedError(f"tnp.pad mode={mode!r}: use mode='constant' or tgx.nn.pad")
+        raise Unsupported(f"tnp.pad mode={mode!r}: use mode='constant' or tgx.nn.pad")
     a = _aval(x)
     if isinstance(pad_width, int):
         pad_width = ((pad_width, pad_width),) * a.ndim
@@ -55,7 +55,7 @@ def array_split(x, sections: int, axis: int = 0):
     axis = canonicalize_axis(axis, a.ndim, "array_split")
     d = a.shape[axis]
     if type(d) is not int:
-        raise NotImplementedError("array_split needs a concrete axis length; use split")
+        raise Unsupported("array_split needs a concrete axis length; use split")
     q, r = divmod(d, sections)
     sizes = [q + 1] * r + [q] * (sections - r)
     return split(x, list(np.cumsum(sizes)[:-1].tolist()), axis)

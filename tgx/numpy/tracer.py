@@ -10,16 +10,40 @@
 from __future__ import annotations
 
 from ..primitives.ops import (
-    add, argmax, astype, bitwise_and, bitwise_or, bitwise_xor, divide, equal, greater,
-    greater_equal, invert, less, less_equal, matmul, max, min, multiply, negative, not_equal,
-    ravel, reshape, squeeze, subtract, sum, swapaxes, take, transpose,
+    add,
+    argmax,
+    astype,
+    bitwise_and,
+    bitwise_or,
+    bitwise_xor,
+    divide,
+    equal,
+    greater,
+    greater_equal,
+    invert,
+    less,
+    less_equal,
+    matmul,
+    max,
+    min,
+    multiply,
+    negative,
+    not_equal,
+    ravel,
+    reshape,
+    squeeze,
+    subtract,
+    sum,
+    swapaxes,
+    take,
+    transpose,
 )
 from ..tracing import Tracer
 from .composite import absolute, argmin, clip, cumsum, mean, remainder, std, var
 from .elementwise import floor_divide, positive, power
 from .indexing import _getitem
-from .reductions import all, any, prod
 from .movement import repeat
+from .reductions import all, any, prod
 
 
 def _swap(f):

@@ -8,7 +8,8 @@ plans whose keys (`_count_key`) are equal have equally many completions.
 from __future__ import annotations
 
 from ..core import Literal, Var
-from .path_space import Level, Unit, _unit_count, resolve_alias as _resolve
+from .path_space import Level, Unit, _unit_count
+from .path_space import resolve_alias as _resolve
 
 
 def count_within_transfers(paths) -> int:

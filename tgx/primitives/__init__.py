@@ -8,17 +8,32 @@ after math and reduce_composite). No family imports `tgx.numpy` or anything abov
 `P.<name>_p` reaches any primitive.
 """
 
-from . import elementwise, linalg, movement, reductions  # noqa: F401
+from . import (  # noqa: F401  # noqa: F401  # noqa: F401
+    activations,
+    attention,
+    conv,
+    elementwise,
+    fused,
+    layers,
+    linalg,
+    losses,
+    math,
+    movement,
+    norms,
+    ops,  # noqa: F401
+    random,
+    reduce_composite,
+    reductions,
+    rnn,
+    tensor,
+)
+from .activations import *  # noqa: F401,F403
 from .elementwise import *  # noqa: F401,F403
 from .linalg import dot_general_p  # noqa: F401
-from .movement import *  # noqa: F401,F403
-from .reductions import *  # noqa: F401,F403
-from . import ops  # noqa: F401
-from . import math, reduce_composite, tensor, activations, random, rnn  # noqa: F401
-from . import losses, norms, attention, layers, conv, fused  # noqa: F401
-from .activations import *  # noqa: F401,F403
 from .math import *  # noqa: F401,F403
+from .movement import *  # noqa: F401,F403
 from .random import *  # noqa: F401,F403
 from .reduce_composite import *  # noqa: F401,F403
+from .reductions import *  # noqa: F401,F403
 from .rnn import *  # noqa: F401,F403
 from .tensor import *  # noqa: F401,F403

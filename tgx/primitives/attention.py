@@ -14,7 +14,15 @@ import numpy as np
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import (
-    ShapedArray, bfloat16, bool_, broadcast_shapes, dim_div, dim_eq, dim_str, float16, float32,
+    ShapedArray,
+    bfloat16,
+    bool_,
+    broadcast_shapes,
+    dim_div,
+    dim_eq,
+    dim_str,
+    float16,
+    float32,
     is_float,
 )
 from . import ops

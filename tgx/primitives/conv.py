@@ -24,8 +24,18 @@ import sympy
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import (
-    ShapedArray, as_dim, bfloat16, dim_div, dim_eq, dim_ge, dim_str, float16, float32, is_float,
-    prod, shape_str,
+    ShapedArray,
+    as_dim,
+    bfloat16,
+    dim_div,
+    dim_eq,
+    dim_ge,
+    dim_str,
+    float16,
+    float32,
+    is_float,
+    prod,
+    shape_str,
 )
 from . import movement as M
 from . import ops

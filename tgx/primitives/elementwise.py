@@ -14,7 +14,14 @@ import scipy.special
 from ..core import Primitive
 from ..errors import DTypeError
 from ..shapes import (
-    SHORT_NAMES, ShapedArray, bfloat16, bool_, broadcast_shapes, float16, float32, is_float,
+    SHORT_NAMES,
+    ShapedArray,
+    bfloat16,
+    bool_,
+    broadcast_shapes,
+    float16,
+    float32,
+    is_float,
     is_int,
 )
 

@@ -16,7 +16,13 @@ import numpy as np
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import (
-    ShapedArray, broadcast_shapes, dim_eq, dim_str, is_float, is_int, shape_str,
+    ShapedArray,
+    broadcast_shapes,
+    dim_eq,
+    dim_str,
+    is_float,
+    is_int,
+    shape_str,
 )
 from . import ops
 from .linalg import dot_general_p

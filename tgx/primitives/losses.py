@@ -15,8 +15,16 @@ import numpy as np
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import (
-    ShapedArray, bfloat16, broadcast_shapes, dim_eq, float16, float32, is_float, is_int,
-    promote, shape_str,
+    ShapedArray,
+    bfloat16,
+    broadcast_shapes,
+    dim_eq,
+    float16,
+    float32,
+    is_float,
+    is_int,
+    promote,
+    shape_str,
 )
 from . import ops
 from .activations import log_softmax

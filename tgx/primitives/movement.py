@@ -12,7 +12,15 @@ import numpy as np
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import (
-    ShapedArray, as_dim, ceil_div, dim_eq, dim_ge, dim_str, is_int, prod, shape_str,
+    ShapedArray,
+    as_dim,
+    ceil_div,
+    dim_eq,
+    dim_ge,
+    dim_str,
+    is_int,
+    prod,
+    shape_str,
 )
 
 # ---------------------------------------------------------------------------------------------

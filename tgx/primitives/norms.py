@@ -13,7 +13,15 @@ import numpy as np
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import (
-    ShapedArray, bfloat16, dim_div, dim_eq, dim_str, float16, float32, is_float, prod,
+    ShapedArray,
+    bfloat16,
+    dim_div,
+    dim_eq,
+    dim_str,
+    float16,
+    float32,
+    is_float,
+    prod,
     shape_str,
 )
 from . import ops

@@ -22,25 +22,75 @@ import numpy as np
 import sympy
 
 from ..core import Literal
-from ..errors import DTypeError, ShapeError, TracerControlFlowError
+from ..errors import DTypeError, IndexingError, ShapeError, TracerControlFlowError, Unsupported
 from ..shapes import (
-    DEFAULT_FLOAT, DEFAULT_INT, ShapedArray, as_dim, as_dtype, aval_of, bool_, broadcast_shapes,
-    canonicalize_axes, canonicalize_axis, dim_div, dim_eq, dim_ge, dim_str, float32, int32,
-    int64, is_float, is_int, promote, shape_str,
+    DEFAULT_FLOAT,
+    DEFAULT_INT,
+    ShapedArray,
+    as_dim,
+    as_dtype,
+    aval_of,
+    bool_,
+    broadcast_shapes,
+    canonicalize_axes,
+    canonicalize_axis,
+    dim_div,
+    dim_eq,
+    dim_ge,
+    dim_str,
+    float32,
+    int32,
+    int64,
+    is_float,
+    is_int,
+    promote,
+    shape_str,
 )
 from ..tracing import Tracer
 from .elementwise import (
-    add_p, and_p, atan_p, convert_element_type_p, cos_p, div_p, eq_p, erf_p, exp_p, floor_p,
-    ge_p, gt_p, le_p, log_p, lt_p, max_p, min_p, mul_p, ne_p, neg_p, not_p, or_p, select_p,
-    shift_left_p, shift_right_logical_p, sin_p, sqrt_p, sub_p, xor_p,
+    add_p,
+    and_p,
+    atan_p,
+    convert_element_type_p,
+    cos_p,
+    div_p,
+    eq_p,
+    erf_p,
+    exp_p,
+    floor_p,
+    ge_p,
+    gt_p,
+    le_p,
+    log_p,
+    lt_p,
+    max_p,
+    min_p,
+    mul_p,
+    ne_p,
+    neg_p,
+    not_p,
+    or_p,
+    select_p,
+    shift_left_p,
+    shift_right_logical_p,
+    sin_p,
+    sqrt_p,
+    sub_p,
+    xor_p,
 )
 from .linalg import dot_general_p
 from .movement import (
-    broadcast_in_dim_p, concatenate_p, dim_as_value_p, gather_p, iota_p, reshape_p, rev_p,
-    slice_p, transpose_p,
+    broadcast_in_dim_p,
+    concatenate_p,
+    dim_as_value_p,
+    gather_p,
+    iota_p,
+    reshape_p,
+    rev_p,
+    slice_p,
+    transpose_p,
 )
 from .reductions import argmax_p, reduce_max_p, reduce_min_p, reduce_sum_p
-
 
 # ---------------------------------------------------------------------------------------------
 # Helpers: avals, casts, promotion
@@ -370,7 +420,7 @@ def ndim(x) -> int:
 def reshape(x, newshape, order="C"):
     """Reshape (one dim may be -1; symbolic dims allowed: `(N, 8) → (-1, 4)` gives `(2*N, 4)`)."""
     if order != "C":
-        raise NotImplementedError("reshape supports order='C' only")
+        raise Unsupported("reshape supports order='C' only")
     a = _aval(x)
     new = _norm_shape(newshape, a.size)
     if len(new) == len(a.shape) and builtins.all(
@@ -507,12 +557,13 @@ def index_axis(x, axis: int, i: int):
     """x[..., i, ...] along `axis` for a static Python int."""
     a = _aval(x)
     d = a.shape[axis]
+    out_of_bounds = f"index {i} is out of bounds for axis {axis} with size {dim_str(d)}"
     if i < 0:
         i = as_dim(d + i)
         if type(i) is int and i < 0 or not dim_ge(i, 0):
-            raise IndexError(f"index {i} is out of bounds for axis {axis} with size {dim_str(d)}")
+            raise IndexingError(out_of_bounds)
     elif not dim_ge(d, i + 1):
-        raise IndexError(f"index {i} is out of bounds for axis {axis} with size {dim_str(d)}")
+        raise IndexingError(out_of_bounds)
     start = [0] * a.ndim
     limit = list(a.shape)
     start[axis], limit[axis] = i, as_dim(i + 1)

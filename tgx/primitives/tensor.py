@@ -13,7 +13,6 @@ from . import ops
 from .elementwise import _lowp
 from .linalg import dot_general_p
 
-
 # cumsum(x, axis, reverse): inclusive prefix sums along one axis.
 cumsum_p = Primitive("cumsum", family="tensor")
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -97,10 +96,9 @@ def golden_inputs(args: Any) -> Any:
 
 @functools.cache
 def _blas_controller():
-    try:
-        from threadpoolctl import ThreadpoolController
-    except ImportError:  # pragma: no cover - a declared dependency
-        return None
+    # imported here: threadpoolctl inspects every loaded BLAS library when it loads
+    from threadpoolctl import ThreadpoolController
+
     return ThreadpoolController()
 
 
@@ -110,8 +108,7 @@ def one_blas_thread():
     Golden results are computed in it: OpenBLAS's worker threads spin for ~0.1 s after a
     multi-threaded call, and a torch kernel timed meanwhile stalls on the cores they hold (a
     5 µs torch.sum measured 8 ms right after a 256×256 float64 matmul on a 2-core CPU)."""
-    c = _blas_controller()
-    return c.limit(limits=1, user_api="blas") if c is not None else contextlib.nullcontext()
+    return _blas_controller().limit(limits=1, user_api="blas")
 
 
 def golden(fn_numpy: Callable, args: Any) -> Any:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from tgx.errors import TgxError
 from tgx.profiling.accuracy import accuracy, to_numpy
 from tgx.profiling.accuracy import golden as compute_golden
 from tgx.profiling.progress import Progress
@@ -35,7 +36,7 @@ _SCRIPT_PREFIX = "_tgx_script_"
 _LOG_TAIL = 4000
 
 
-class ProfilingError(Exception):
+class ProfilingError(TgxError):
     """The harness itself failed (bad job spec, broken golden reference), not the candidate."""
 
 

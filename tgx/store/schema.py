@@ -15,10 +15,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-try:  # share the tgx hierarchy when the core package is importable
-    from tgx.errors import TgxError as _Base
-except ImportError:  # pragma: no cover - the store also works on its own
-    _Base = Exception
+from ..errors import TgxError
 
 #: Bumped on any incompatible change of the on-disk layout; a newer file is refused.
 SCHEMA_VERSION = 2
@@ -41,7 +38,7 @@ ALL_TABLES = TABLES + (PENDING,)
 META_ID = "1"
 
 
-class StoreError(_Base):
+class StoreError(TgxError):
     """Base class of every error the benchmark store raises on purpose."""
 
 
@@ -88,7 +85,7 @@ def b64encode(data: bytes | None) -> str | None:
     if data is None:
         return None
     if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise TypeError(f"expected bytes, got {type(data).__name__}")
+        raise StoreError(f"expected bytes, got {type(data).__name__}")
     return base64.b64encode(bytes(data)).decode("ascii")
 
 
