@@ -78,9 +78,8 @@ def __getattr__(name: str):
 
 __all__ = [
     "BindingError", "DTypeError", "Eqn", "Graph", "GraphCheckError", "IndexingError",
-    "KernelError", "Literal", "OptionError", "OutOfMemory", "Primitive", "ShapeError", "ShapedArray", "SourceInfo", "Spec",
-    "SymbolicShapeError", "TgxError", "TracerControlFlowError", "Unsupported", "Var",
-    "check_graph",
-    "decompose", "eval_graph", "make_graph", "register_pytree_node", "tree_flatten", "tree_map",
-    "tree_unflatten", *_LAZY,
+    "KernelError", "Literal", "OptionError", "OutOfMemory", "Primitive", "ShapeError",
+    "ShapedArray", "SourceInfo", "Spec", "SymbolicShapeError", "TgxError",
+    "TracerControlFlowError", "Unsupported", "Var", "check_graph", "decompose", "eval_graph",
+    "make_graph", "register_pytree_node", "tree_flatten", "tree_map", "tree_unflatten", *_LAZY,
 ]

@@ -19,6 +19,7 @@ from tests.ops.op_table import assert_close, split_args
 from tgx.backends import backend_available, get_backend, to_host
 from tgx.core import Literal
 from tgx.planning.candidates import accepted_kernels
+from tgx.primitives.linalg import dot_general_p
 
 for _f in sorted((pathlib.Path(__file__).parent.parent / "ops").glob("ops_*.py")):
     importlib.import_module(f"tests.ops.{_f.stem}")
@@ -67,3 +68,28 @@ def test_every_accepted_kernel_matches_the_reference(info, dtype, backend):
                 ran += 1
     if not ran:
         pytest.skip(f"no kernel of {backend} accepts an equation of {info.name}")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+@pytest.mark.parametrize("xs,ys,dn", [
+    ((2, 3, 5), (2, 5, 4), (((2,), (1,)), ((0,), (0,)))),      # (b, M, K) @ (b, K, N)
+    ((2, 5, 3), (2, 5, 4), (((1,), (1,)), ((0,), (0,)))),      # lhs transposed
+    ((2, 3, 5), (2, 4, 5), (((2,), (2,)), ((0,), (0,)))),      # rhs transposed
+    ((2, 5, 3), (2, 4, 5), (((1,), (2,)), ((0,), (0,)))),      # both
+    ((4, 6, 6), (6, 4, 3), (((2,), (0,)), ((0,), (1,)))),      # rhs batch not leading
+    ((5, 3), (4, 5), (((0,), (1,)), ((), ()))),                # plain 2-D, both transposed
+])
+def test_out_matmul_takes_permuted_operands(backend, xs, ys, dn):
+    """`simplify` folds transposes into dot_general; the `out=` matmul runs every layout with
+    one contracted and one free axis per operand (the permutations as strided views)."""
+    if not backend_available(backend):
+        pytest.skip(f"{backend} missing")
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ys).astype(np.float32)
+    g = tgx.make_graph(lambda a, b: dot_general_p.bind(a, b, dimension_numbers=dn))(x, y)
+    e = g.eqns[0]
+    out_kernels = [k for k in accepted_kernels(e, backend) if k.variant == "out"]
+    assert out_kernels, f"{backend}'s out= matmul declines {e}"
+    want = dot_general_p.impl(x.astype(np.float64), y.astype(np.float64), dimension_numbers=dn)
+    np.testing.assert_allclose(_run_kernel(e, out_kernels[0], [x, y])[0], want, rtol=1e-5,
+                               atol=1e-5)

@@ -21,6 +21,7 @@ from .registry import (
     Kernel,
     add_kernel,
     matmul_layout_reason,
+    matmul_permutations,
     on_missing,
     register_kernel,
     source_hash,
@@ -139,7 +140,9 @@ def _matmul_ok(avals, params):
 
 @register_kernel("dot_general", NAME, checker=_matmul_ok, variant="out", writes_out=True)
 def numpy_matmul_out(x, y, *, dimension_numbers, out):
-    np.matmul(x, y, out=out)
+    px, py = matmul_permutations(dimension_numbers, x.ndim)
+    np.matmul(x if px is None else x.transpose(px), y if py is None else y.transpose(py),
+              out=out)
     return out
 
 

@@ -144,15 +144,35 @@ def add_kernel(kernel: Kernel) -> Kernel:
 
 
 def matmul_layout_reason(avals: list, params: dict) -> str | None:
-    """Why a dot_general is not a plain batched `(..., M, K) @ (..., K, N)` (the layout
-    `matmul(out=)` kernels need), or None when it is."""
+    """Why a dot_general is not a batched matmul of (possibly transposed) operands — the
+    layouts `matmul(out=)` kernels run, with `matmul_transposes` — or None when it is."""
     (lc, rc), (lb, rb) = params["dimension_numbers"]
     nb = len(lb)
-    if lb != rb or lb != tuple(range(nb)) or avals[0].ndim != nb + 2 or avals[1].ndim != nb + 2:
-        return "out= matmul needs leading batch dims and one free dim per operand"
-    if lc != (nb + 1,) or rc != (nb,):
-        return "out= matmul needs (..., M, K) @ (..., K, N) layouts"
+    if avals[0].ndim != nb + 2 or avals[1].ndim != nb + 2:
+        return "out= matmul needs one free dim per operand"
+    if len(lc) != 1 or len(rc) != 1:
+        return "out= matmul contracts one axis"
     return None
+
+
+def matmul_permutations(dimension_numbers, ndim: int) -> tuple:
+    """How to permute the operands of a dot_general accepted by `matmul_layout_reason` (a
+    view, or None when already so) into `(batch..., M, K) @ (batch..., K, N)`: `simplify`
+    folds transposes into the dot_general, and the matmul takes them back as strided views.
+
+    >>> matmul_permutations((((1,), (0,)), ((), ())), 2)
+    (None, None)
+    >>> matmul_permutations((((2,), (0,)), ((0,), (1,))), 3)
+    (None, (1, 0, 2))
+    """
+    (lc, rc), (lb, rb) = dimension_numbers
+
+    def perm(batch, first, last):
+        free = next(i for i in range(ndim) if i not in batch and i not in first + last)
+        p = (*batch, *first, free, *last) if not first else (*batch, *first, free)
+        return None if p == tuple(range(ndim)) else p
+
+    return perm(lb, (), lc), perm(rb, rc, ())
 
 
 def remove_kernel(name: str, backend: str, variant: str = "default") -> None:

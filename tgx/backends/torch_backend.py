@@ -20,7 +20,9 @@ from ..primitives.movement import dynamic_window
 from ..shapes import bfloat16, uint32
 from . import composites
 from .base import Backend
-from .registry import Kernel, add_kernel, matmul_layout_reason, register_kernel
+from .registry import (
+    Kernel, add_kernel, matmul_layout_reason, matmul_permutations, register_kernel,
+)
 
 NAME = "torch"
 
@@ -147,7 +149,9 @@ def _matmul_ok(avals, params):
 
 @register_kernel("dot_general", NAME, checker=_matmul_ok, variant="out", writes_out=True)
 def torch_matmul_out(x, y, *, dimension_numbers, out):
-    torch.matmul(x, y, out=out)
+    px, py = matmul_permutations(dimension_numbers, x.ndim)
+    torch.matmul(x if px is None else x.permute(px), y if py is None else y.permute(py),
+                 out=out)
     return out
 
 
