@@ -37,7 +37,7 @@ def _jitted(fn, params: tuple):
 
 
 def _specializer(fn):
-    def specialize(params: dict):
+    def specialize(params: dict, out=None):
         return _jitted(fn, tuple(sorted(params.items())))
     return specialize
 

@@ -9,6 +9,8 @@ workspace view (`writes_out`), in place when the first input dies there.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import primitives  # noqa: F401 - registers the atomic primitives
@@ -138,9 +140,22 @@ def _matmul_ok(avals, params):
     return _no_lowp(avals, params) or matmul_layout_reason(avals, params)
 
 
-@register_kernel("dot_general", NAME, checker=_matmul_ok, variant="out", writes_out=True)
+def _matmul_out_specialize(params: dict, out):
+    """`out=` matmul with the operand permutations worked out once, at binding."""
+    px, py = matmul_permutations(params["dimension_numbers"])
+    if px is None and py is None:
+        return functools.partial(np.matmul, out=out)
+
+    def run(x, y):
+        return np.matmul(x if px is None else x.transpose(px),
+                         y if py is None else y.transpose(py), out=out)
+    return run
+
+
+@register_kernel("dot_general", NAME, checker=_matmul_ok, variant="out", writes_out=True,
+                 specialize=_matmul_out_specialize)
 def numpy_matmul_out(x, y, *, dimension_numbers, out):
-    px, py = matmul_permutations(dimension_numbers, x.ndim)
+    px, py = matmul_permutations(dimension_numbers)
     np.matmul(x if px is None else x.transpose(px), y if py is None else y.transpose(py),
               out=out)
     return out

@@ -58,8 +58,9 @@ class Kernel:
     returns_view: bool = False
     pattern: Any = None
     source_hash: str = field(default="", compare=False)
-    # specialize(params) -> fn(*arrays): a callable with the params baked in (jax jits here);
-    # None: the runtime uses functools.partial(fn, **params).
+    # specialize(params, out) -> fn(*arrays): a callable with the params (and, for `out=`
+    # kernels, the output view) baked in, doing once what needs doing once (jax jits, a
+    # matmul works out its operand permutations); None: functools.partial(fn, **params).
     specialize: Callable | None = field(default=None, compare=False)
     # False: the result's dtype may differ from the shape rule's (reference implementations of
     # composites); the runtime casts it.
@@ -80,10 +81,10 @@ class Kernel:
         matched body — are not passed)."""
         if self.pattern is not None:
             params = {}
+        if self.specialize is not None:
+            return self.specialize(params, out)
         if out is not None:
             return functools.partial(self.fn, out=out, **params)
-        if self.specialize is not None:
-            return self.specialize(params)
         if not params:
             return self.fn
         return functools.partial(self.fn, **params)
@@ -155,17 +156,19 @@ def matmul_layout_reason(avals: list, params: dict) -> str | None:
     return None
 
 
-def matmul_permutations(dimension_numbers, ndim: int) -> tuple:
+@functools.cache  # on every call of an out= matmul: its cost is the hot loop's
+def matmul_permutations(dimension_numbers) -> tuple:
     """How to permute the operands of a dot_general accepted by `matmul_layout_reason` (a
     view, or None when already so) into `(batch..., M, K) @ (batch..., K, N)`: `simplify`
     folds transposes into the dot_general, and the matmul takes them back as strided views.
 
-    >>> matmul_permutations((((1,), (0,)), ((), ())), 2)
+    >>> matmul_permutations((((1,), (0,)), ((), ())))
     (None, None)
-    >>> matmul_permutations((((2,), (0,)), ((0,), (1,))), 3)
+    >>> matmul_permutations((((2,), (0,)), ((0,), (1,))))
     (None, (1, 0, 2))
     """
     (lc, rc), (lb, rb) = dimension_numbers
+    ndim = len(lb) + 2
 
     def perm(batch, first, last):
         free = next(i for i in range(ndim) if i not in batch and i not in first + last)

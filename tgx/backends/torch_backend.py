@@ -149,7 +149,7 @@ def _matmul_ok(avals, params):
 
 @register_kernel("dot_general", NAME, checker=_matmul_ok, variant="out", writes_out=True)
 def torch_matmul_out(x, y, *, dimension_numbers, out):
-    px, py = matmul_permutations(dimension_numbers, x.ndim)
+    px, py = matmul_permutations(dimension_numbers)
     torch.matmul(x if px is None else x.permute(px), y if py is None else y.permute(py),
                  out=out)
     return out
