@@ -26,13 +26,10 @@ from ..errors import DTypeError, ShapeError
 from ..shapes import (
     ShapedArray,
     as_dim,
-    bfloat16,
     dim_div,
     dim_eq,
     dim_ge,
     dim_str,
-    float16,
-    float32,
     is_float,
     prod,
     shape_str,
@@ -40,11 +37,6 @@ from ..shapes import (
 from . import movement as M
 from . import ops
 from .linalg import dot_general_p
-
-
-def _up(x):
-    dt = ops._aval(x).dtype
-    return ops.astype(x, float32) if dt in (float16, bfloat16) else x
 
 
 def _window_count(size, lo, hi, k, s, d, op):
@@ -155,7 +147,7 @@ def _conv_impl(x, w, *b, stride, padding, dilation, groups):
 @conv_p.def_decomposition
 def _conv_decomp(x, w, *b, stride, padding, dilation, groups):
     dt = ops._aval(x).dtype
-    x, w = _up(x), _up(w)
+    x, w = ops.upcast_half(x), ops.upcast_half(w)
     xa, wa = ops._aval(x), ops._aval(w)
     n = wa.ndim - 2
     N, C, O, kernel = xa.shape[0], xa.shape[1], wa.shape[0], wa.shape[2:]
@@ -173,7 +165,7 @@ def _conv_decomp(x, w, *b, stride, padding, dilation, groups):
     y = dot_general_p.bind(wm, cols, dimension_numbers=(((2,), (2,)), ((0,), (1,))))
     y = ops.reshape(ops.transpose(y, (2, 0, 1, 3)), (N, O) + tuple(out))  # (G,Og,N,P)->(N,O,..)
     if b:
-        y = ops.add(y, ops.reshape(_up(b[0]), (O,) + (1,) * n))
+        y = ops.add(y, ops.reshape(ops.upcast_half(b[0]), (O,) + (1,) * n))
     return ops.astype(y, dt)
 
 
@@ -324,7 +316,7 @@ def _pool_decomp(x, *, reduction, kernel_size, stride, padding, dilation, ceil_m
                          dilation[i], ceil_mode) for i in range(n)]
     out = [o for o, _ in sizes]
     pads = [(padding[i], sizes[i][1]) for i in range(n)]
-    xu = _up(x) if reduction == "avg" else x
+    xu = ops.upcast_half(x) if reduction == "avg" else x
     fill = -np.inf if reduction == "max" else 0
     windows = _strided_windows(_pad(xu, first, pads, fill), first, kernel_size, stride,
                                dilation, out)

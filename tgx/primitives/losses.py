@@ -16,11 +16,8 @@ from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import (
     ShapedArray,
-    bfloat16,
     broadcast_shapes,
     dim_eq,
-    float16,
-    float32,
     is_float,
     is_int,
     promote,
@@ -45,12 +42,6 @@ def _float_dtype(op: str, *avals: ShapedArray):
         raise DTypeError(f"{op}: expects floating-point inputs, got "
                          f"{', '.join(a.str_short() for a in avals)}")
     return dt
-
-
-def _up(x):
-    """Half precision computes in float32 (torch's CPU kernels accumulate in float)."""
-    dt = ops._aval(x).dtype
-    return ops.astype(x, float32) if dt in (float16, bfloat16) else x
 
 
 def _reduce(loss, reduction: str):
@@ -98,7 +89,7 @@ def _elementwise_loss(name: str, np_fn, decomp_fn, extra_operands: tuple = ()):
     @p.def_decomposition
     def _decomp(x, t, *extra, reduction="mean", **params):
         dt = ops._aval(x).dtype
-        loss = decomp_fn(*[_up(a) for a in (x, t, *extra)], **params)
+        loss = decomp_fn(*[ops.upcast_half(a) for a in (x, t, *extra)], **params)
         return ops.astype(_reduce(loss, reduction), dt)
 
     return p
@@ -168,7 +159,7 @@ def _kl_div_impl(x, t, *, reduction, log_target):
 @kl_div_p.def_decomposition
 def _kl_div_decomp(x, t, *, reduction, log_target):
     dt = ops._aval(x).dtype
-    loss = _kl_decomp(_up(x), _up(t), log_target=log_target)
+    loss = _kl_decomp(ops.upcast_half(x), ops.upcast_half(t), log_target=log_target)
     if reduction == "batchmean":
         shape = ops._aval(loss).shape
         out = ops.sum(loss)
@@ -325,7 +316,8 @@ def _weighted_mean(loss, wt, reduction):
 @nll_loss_p.def_decomposition
 def _nll_decomp(x, t, *w, has_weight, ignore_index, reduction):
     dt = ops._aval(x).dtype
-    loss, wt = _nll_parts(_up(x), t, _up(w[0]) if has_weight else None, ignore_index)
+    weight = ops.upcast_half(w[0]) if has_weight else None
+    loss, wt = _nll_parts(ops.upcast_half(x), t, weight, ignore_index)
     return ops.astype(_weighted_mean(loss, wt, reduction), dt)
 
 
@@ -362,8 +354,8 @@ def _ce_decomp(x, t, *w, has_weight, ignore_index, reduction, label_smoothing, p
     xa = ops._aval(x)
     ax = _class_axis(xa)
     n_cls = xa.shape[ax]
-    logp = log_softmax(_up(x), ax)
-    wv = _up(w[0]) if has_weight else None
+    logp = log_softmax(ops.upcast_half(x), ax)
+    wv = ops.upcast_half(w[0]) if has_weight else None
     eps = label_smoothing
     smooth_scale = eps / n_cls if type(n_cls) is int else ops.divide(
         eps, ops._shape_value(n_cls, ops._aval(logp).dtype))
@@ -374,7 +366,7 @@ def _ce_decomp(x, t, *w, has_weight, ignore_index, reduction, label_smoothing, p
         return ops.multiply(v, ops.reshape(wv, (n_cls,) + (1,) * (xa.ndim - ax - 1)))
 
     if probs:
-        tp = _up(t)
+        tp = ops.upcast_half(t)
         if eps:
             tp = ops.add(ops.multiply(tp, 1 - eps), smooth_scale)
         loss = ops.negative(ops.sum(class_weighted(ops.multiply(logp, tp)), axis=ax))

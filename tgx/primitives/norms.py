@@ -14,12 +14,9 @@ from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import (
     ShapedArray,
-    bfloat16,
     dim_div,
     dim_eq,
     dim_str,
-    float16,
-    float32,
     is_float,
     prod,
     shape_str,
@@ -27,11 +24,6 @@ from ..shapes import (
 from . import ops
 from .math import square
 from .reduce_composite import mean
-
-
-def _up(x):
-    dt = ops._aval(x).dtype
-    return ops.astype(x, float32) if dt in (float16, bfloat16) else x
 
 
 def _check_float(op, x: ShapedArray):
@@ -63,9 +55,9 @@ def _np_affine(y, w, b, shape):
 
 def _affine(y, w, b, shape):
     if w is not None:
-        y = ops.multiply(y, ops.reshape(_up(w), shape))
+        y = ops.multiply(y, ops.reshape(ops.upcast_half(w), shape))
     if b is not None:
-        y = ops.add(y, ops.reshape(_up(b), shape))
+        y = ops.add(y, ops.reshape(ops.upcast_half(b), shape))
     return y
 
 
@@ -109,7 +101,7 @@ def _layer_norm_impl(x, *wb, normalized_shape, eps, has_weight, has_bias):
 def _layer_norm_decomp(x, *wb, normalized_shape, eps, has_weight, has_bias):
     a = ops._aval(x)
     axes = tuple(range(a.ndim - len(normalized_shape), a.ndim))
-    y = _normalize(_up(x), axes, eps)
+    y = _normalize(ops.upcast_half(x), axes, eps)
     w, b = _affine_operands(wb, has_weight, has_bias)
     return ops.astype(_affine(y, w, b, normalized_shape), a.dtype)
 
@@ -136,7 +128,7 @@ def _rms_norm_impl(x, *w, normalized_shape, eps, has_weight):
 def _rms_norm_decomp(x, *w, normalized_shape, eps, has_weight):
     a = ops._aval(x)
     axes = tuple(range(a.ndim - len(normalized_shape), a.ndim))
-    xu = _up(x)
+    xu = ops.upcast_half(x)
     ms = mean(square(xu), axis=axes, keepdims=True)
     y = ops.multiply(xu, ops.divide(1, ops.sqrt(ops.add(ms, eps))))
     return ops.astype(_affine(y, w[0] if has_weight else None, None, normalized_shape), a.dtype)
@@ -204,14 +196,14 @@ def _batch_norm_decomp(x, *args, training, momentum, eps, has_running, has_weigh
     rm, rv, w, b = _bn_operands(args, has_running, has_weight, has_bias)
     axes = (0,) + tuple(range(2, a.ndim))
     cshape = (a.shape[1],) + (1,) * (a.ndim - 2)
-    xu = _up(x)
+    xu = ops.upcast_half(x)
     if training:
         mu = mean(xu, axis=axes, keepdims=True)
         xc = ops.subtract(xu, mu)
         var = mean(square(xc), axis=axes, keepdims=True)
     else:
-        mu = ops.reshape(_up(rm), (1,) + cshape)
-        var = ops.reshape(_up(rv), (1,) + cshape)
+        mu = ops.reshape(ops.upcast_half(rm), (1,) + cshape)
+        var = ops.reshape(ops.upcast_half(rv), (1,) + cshape)
         xc = ops.subtract(xu, mu)
     y = ops.multiply(xc, ops.divide(1, ops.sqrt(ops.add(var, eps))))
     outs = [ops.astype(_affine(y, w, b, cshape), a.dtype)]
@@ -220,7 +212,8 @@ def _batch_norm_decomp(x, *args, training, momentum, eps, has_running, has_weigh
         nv = ops._shape_value(n, ops._aval(var).dtype)
         unbiased = ops.divide(ops.multiply(ops.reshape(var, cshape[:1]), nv), ops.subtract(nv, 1))
         for stat, new in ((rm, ops.reshape(mu, cshape[:1])), (rv, unbiased)):
-            upd = ops.add(ops.multiply(_up(stat), 1 - momentum), ops.multiply(new, momentum))
+            upd = ops.add(ops.multiply(ops.upcast_half(stat), 1 - momentum),
+                          ops.multiply(new, momentum))
             outs.append(ops.astype(upd, ops._aval(stat).dtype))
     return outs
 
@@ -255,7 +248,7 @@ def _group_norm_impl(x, *wb, num_groups, eps, has_weight, has_bias):
 def _group_norm_decomp(x, *wb, num_groups, eps, has_weight, has_bias):
     a = ops._aval(x)
     per_group = dim_div(prod(a.shape[1:]), num_groups, "group_norm")
-    g = ops.reshape(_up(x), (a.shape[0], num_groups, per_group))
+    g = ops.reshape(ops.upcast_half(x), (a.shape[0], num_groups, per_group))
     y = ops.reshape(_normalize(g, (2,), eps), a.shape)
     w, b = _affine_operands(wb, has_weight, has_bias)
     return ops.astype(_affine(y, w, b, (a.shape[1],) + (1,) * (a.ndim - 2)), a.dtype)

@@ -29,6 +29,8 @@ from ..shapes import (
     ShapedArray,
     as_dim,
     as_dtype,
+    bfloat16,
+    float16,
     aval_of,
     bool_,
     broadcast_shapes,
@@ -172,6 +174,12 @@ def _unary_op(prim, doc: str, name: str | None = None):
     fn.__name__ = fn.__qualname__ = name or prim.name
     fn.__doc__ = doc
     return fn
+
+
+def upcast_half(x):
+    """`x` in float32 when it is float16 / bfloat16, else `x`: decompositions compute half
+    precision in float32, as torch's CPU kernels accumulate."""
+    return astype(x, float32) if _aval(x).dtype in (float16, bfloat16) else x
 
 
 def _shape_value(d, dtype=DEFAULT_FLOAT):
