@@ -52,7 +52,7 @@ from .profiling.pending import profile_kernel, random_inputs
 from .profiling.progress import Progress
 from .serialize import SerializationError, graph_to_bytes
 from .shapes import concrete_shape
-from .store import BenchmarkStore
+from .store import as_store
 from .tracing import make_graph, tree_flatten
 from .transforms.decompose import decomposition_graph
 from .transforms.evaluate import bind_dims, eval_graph, eval_graph_flat
@@ -282,7 +282,7 @@ class PathPlan(_paths.PathPlan):
     def save(self, store=None) -> str:
         """Store the plan (its `Assignment`, with its decisions) as a GRAPH_RECIPE of the
         graph; returns the implementation key."""
-        store = _store(store if store is not None else self.paths.store)
+        store = as_store(store if store is not None else self.paths.store)
         g = self.paths.graph
         gh = store.add_graph(structural_hash(g), self.paths.name, graph_to_bytes(g))
         digest = hashlib.sha256(msgpack.packb([gh, self.tokens()])).hexdigest()
@@ -296,7 +296,7 @@ class PathPlan(_paths.PathPlan):
     def profile(self, *args, store=None, **measure_kw) -> dict:
         """Time the plan (checked against the reference evaluator) and record a trace for its
         GRAPH_RECIPE implementation in `store` (default: `$TGX_STORE`); returns the record."""
-        store = _store(store if store is not None else self.paths.store)
+        store = as_store(store if store is not None else self.paths.store)
         plan = self.lower()
         g = self.paths.graph
         leaves, _ = tree_flatten((args, {}))
@@ -329,7 +329,7 @@ class Paths(_paths.Paths):
         """(median seconds, plan) of every plan of this graph profiled into `store` (PASSED
         traces of GRAPH_RECIPEs saved from `tgx.paths`), fastest first: ranking by
         measurement."""
-        store = _store(store if store is not None else self.store)
+        store = as_store(store if store is not None else self.store)
         gh = structural_hash(self.graph)
         best: dict[str, float] = {}
         for t in store.traces(graph_hash=gh, status="PASSED"):
@@ -351,12 +351,6 @@ class Paths(_paths.Paths):
             out.append((s, plan))
         out.sort(key=lambda t: t[0])
         return out
-
-
-def _store(store):
-    if store is None or isinstance(store, str):
-        return BenchmarkStore(store)
-    return store
 
 
 def paths(fn, **options):

@@ -46,17 +46,9 @@ class Compiled:
         self.options = PlanOptions.make(
             policy=policy, backends=backends, device=device, store=store, tolerance=tolerance,
             memory_budget=memory_budget, return_backend_arrays=return_backend_arrays)
-        self.policy = policy
-        #: where the device backends' equations run; checked now, so a missing GPU fails here
-        self.device = self.options.device
-        self.backends = None if backends is None else list(backends)
-        if self.backends is not None or self.device != "cpu":
-            check_backends(self.backends, self.device)
+        if backends is not None or self.device != "cpu":  # a missing GPU fails here
+            check_backends(backends, self.device)
         self.dynamic = dict(dynamic or {})
-        self.store = store
-        self.tolerance = tolerance
-        self.memory_budget = memory_budget
-        self.return_backend_arrays = return_backend_arrays
         self.trace_count = 0
         self._plans: dict[Any, Plan] = {}
         self._fast: dict[Any, Plan] = {}  # concrete (tree, shapes, dtypes) -> plan
@@ -70,14 +62,25 @@ class Compiled:
         unknown = set(self.dynamic) - set(self._params)
         if unknown and self._params:
             raise OptionError(f"dynamic names unknown arguments {sorted(unknown)} of "
-                             f"{fn.__name__}{inspect.signature(fn)}")
+                              f"{fn.__name__}{inspect.signature(fn)}")
         self.weights = self._weight_names(weights)
         #: names of the state arguments, in the order the new state is returned
         self.state = self._arg_names(state, "state")
         both = self.weights & set(self.state)
         if both:
             raise OptionError(f"arguments {sorted(both)} are named both weights (immutable) and "
-                             f"state (updated in place)")
+                              f"state (updated in place)")
+
+    # the options as given (read from `options`, the one copy)
+    policy = property(lambda self: self.options.policy)
+    #: where the device backends' equations run ("cpu", "cuda:0")
+    device = property(lambda self: self.options.device)
+    backends = property(lambda self: None if self.options.backends is None
+                        else list(self.options.backends))
+    store = property(lambda self: self.options.store)
+    tolerance = property(lambda self: self.options.tolerance)
+    memory_budget = property(lambda self: self.options.budget)
+    return_backend_arrays = property(lambda self: self.options.return_backend_arrays)
 
     def _weight_names(self, weights) -> frozenset:
         """`weights` (a name, a position, or a tuple of them) as argument names."""
@@ -95,8 +98,8 @@ class Compiled:
                 name = self._params[w] if w < len(self._params) else f"args[{w}]"
             elif self._params and w not in self._params:
                 raise OptionError(f"{what} names an unknown argument {w!r} of "
-                                 f"{getattr(self.fn, '__name__', self.fn)}"
-                                 f"{inspect.signature(self.fn)}")
+                                  f"{getattr(self.fn, '__name__', self.fn)}"
+                                  f"{inspect.signature(self.fn)}")
             else:
                 name = w
             if name not in names:

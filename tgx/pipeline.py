@@ -24,7 +24,6 @@ Options travel as one frozen `PlanOptions`.
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 
 from .backends import check_backends
@@ -37,7 +36,7 @@ from .planning.fastest import fastest_assignment
 from .planning.heuristic import heuristic_assignment
 from .planning.options import PlanOptions
 from .shapes import hint_binding
-from .store import BenchmarkStore
+from .store import as_store
 from .transforms.simplify import simplify
 
 #: the stages `plan_graph` runs, in order (the lowering's four are `lower_assignment`'s)
@@ -83,9 +82,7 @@ def select(graph: Graph, options: PlanOptions, backends) -> Assignment:
         a = heuristic_assignment(graph, backends, options.device)
         return a.replace(by=f"heuristic (device {options.device}: the benchmark store's "
                             f"selection is CPU-only, so {options.policy!r} falls back)")
-    store = options.store
-    if store is None or isinstance(store, (str, os.PathLike)):  # a path, or $TGX_STORE
-        store = BenchmarkStore(store)
+    store = as_store(options.store)  # a store, a path, or None ($TGX_STORE)
     dims = options.binding or hint_binding(graph.in_avals)
     options = replace(options, store=store, dims=dims)
     if options.policy == "explore":

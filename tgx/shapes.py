@@ -190,6 +190,15 @@ def eval_dim(d: Dim, env: dict) -> int:
     return int(d.xreplace(env))
 
 
+def name_binding(dims) -> dict[str, int]:
+    """{name: int} from a binding keyed by names or symbols.
+
+    >>> name_binding({sym("N"): 4})
+    {'N': 4}
+    """
+    return {str(k): int(v) for k, v in (dims or {}).items()}
+
+
 def concrete_shape(shape: Shape, dims) -> tuple[int, ...]:
     """`shape` at the binding `dims` ({name or Symbol: int}); a symbol it does not bind is a
     `SymbolicShapeError` naming it.
@@ -197,7 +206,7 @@ def concrete_shape(shape: Shape, dims) -> tuple[int, ...]:
     >>> concrete_shape((sym("N"), 3), {"N": 5})
     (5, 3)
     """
-    names = {str(k): int(v) for k, v in (dims or {}).items()}
+    names = name_binding(dims)
     out = []
     for d in shape:
         if type(d) is int:

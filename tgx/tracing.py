@@ -331,7 +331,7 @@ def trace_to_graph(f: Callable, in_avals_tree: Any, hints: list | None = None,
         for x in out_leaves:
             if not isinstance(x, (Tracer, np.ndarray, np.generic, int, float, bool)):
                 raise DTypeError(f"traced function returned a {type(x).__name__}; outputs must be "
-                                f"arrays or pytrees of arrays")
+                                 f"arrays or pytrees of arrays")
         return b.build([t.variable for t in tracers], out_leaves, in_tree, out_tree)
 
 

@@ -181,6 +181,7 @@ def register_backend(backend: str | Backend, *, library: str | None = None,
         name = backend
     if not name:
         raise KernelError("a backend needs a name")
+    _OWNERS.clear()  # a type may belong to the new backend
     _SPECS[name] = BackendSpec(name, library or name, module,
                                tuple(array_modules) or (library or name,),
                                Backend.preference if preference is None else preference)
@@ -191,6 +192,7 @@ def unregister_backend(name: str) -> None:
     """Forget backend `name` (its kernels stay registered; for tests and experiments)."""
     _SPECS.pop(name, None)
     _LOADED.pop(name, None)
+    _OWNERS.clear()
     _FAILED.pop(name, None)
 
 
@@ -301,14 +303,27 @@ def to_host(x: Any) -> np.ndarray:
     from CPU torch and CPU jax)."""
     if type(x) is np.ndarray:
         return x
+    b = _OWNERS.get(type(x), _UNSEEN)  # on every copy back to the host: one dict lookup
+    if b is _UNSEEN:
+        b = _OWNERS[type(x)] = _owner(x)
+    return b.to_host(x) if b is not None else np.asarray(x)
+
+
+_UNSEEN = object()
+#: array type -> the backend that owns it (None: NumPy converts it), filled by `to_host`
+_OWNERS: dict[type, Backend | None] = {}
+
+
+def _owner(x: Any) -> Backend | None:
+    """The backend owning `x`'s type: one named by the type's module (loaded for it), else
+    any loaded backend that recognises it."""
     top = type(x).__module__.partition(".")[0]
     for spec in _SPECS.values():
         if top in spec.array_modules and backend_available(spec.name):
             b = get_backend(spec.name)
             if b.is_array(x):
-                return b.to_host(x)
-    b = backend_of(x)  # a backend whose arrays are not named by their module
-    return b.to_host(x) if b is not None else np.asarray(x)
+                return b
+    return backend_of(x)
 
 
 def backend_of(x: Any) -> Backend | None:

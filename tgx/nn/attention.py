@@ -35,14 +35,14 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     """
     if dropout_p:
         raise Unsupported("scaled_dot_product_attention: dropout_p > 0 is not supported "
-                                  "(tgx ops are deterministic)")
+                          "(tgx ops are deterministic)")
     query, key, value = (_as_operand(x) for x in _float_args(query, key, value))
     dt = _aval(query).dtype
     if scale is None:
         e = _aval(query).shape[-1]
         if not isinstance(e, int):
             raise Unsupported("scaled_dot_product_attention: a symbolic head dim needs "
-                                      "an explicit scale")
+                              "an explicit scale")
         scale = 1.0 / math.sqrt(e)
     args = (query, key, value)
     if attn_mask is not None:

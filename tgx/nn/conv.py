@@ -38,7 +38,7 @@ def _batched(x, n, op):
         return tnp.expand_dims(x, 0), True
     if nd != n + 2:
         raise OptionError(f"{op}: expected a {n + 1}-D (unbatched) or {n + 2}-D input, got "
-                         f"{_aval(x)}")
+                          f"{_aval(x)}")
     return x, False
 
 
@@ -66,7 +66,7 @@ def _conv(n, input, weight, bias, stride, padding, dilation, groups, op):
                      for d, k in zip(dilation, kernel))
     elif isinstance(padding, str):
         raise OptionError(f"{op}: padding must be 'valid', 'same', an int or a tuple, got "
-                         f"{padding!r}")
+                          f"{padding!r}")
     else:
         pads = tuple((p, p) for p in _tuple(padding, n, "padding"))
     y = Cv.conv_p.bind(x, *args[1:], stride=stride, padding=pads, dilation=dilation,

@@ -56,7 +56,7 @@ def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0,
     outside [0, num_embeddings) are clamped (torch raises)."""
     if max_norm is not None:
         raise Unsupported("embedding: max_norm renormalises the weight in place; "
-                                  "not supported")
+                          "not supported")
     return Ly.embedding_p.bind(_as_operand(tnp.asarray(input)), _as_operand(weight))
 
 

@@ -72,7 +72,7 @@ def batch_norm_with_stats(input, running_mean, running_var, weight=None, bias=No
         else ()
     if momentum is None:
         raise Unsupported("batch_norm: momentum=None (cumulative average) needs a batch "
-                                  "counter; pass a float")
+                          "counter; pass a float")
     args = (x,) + running + tuple(a for a in (w, b) if a is not None)
     outs = Nm.batch_norm_p.bind(*args, training=bool(training), momentum=float(momentum),
                                 eps=float(eps), has_running=has_running,

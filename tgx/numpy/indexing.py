@@ -73,7 +73,7 @@ def _getitem(x, key):
                 i = as_dim(d + i)
             if not (dim_ge(i, 0) and dim_ge(d, as_dim(i + 1))):
                 raise IndexingError(f"index {int(k)} is out of bounds for axis {ax} with size "
-                                 f"{dim_str(d)}")
+                                    f"{dim_str(d)}")
             starts.append(i)
             limits.append(as_dim(i + 1))
             strides.append(1)

@@ -69,7 +69,7 @@ def einsum(subscripts: str, *operands):
                              f"{shape_str(_aval(x).shape)}")
         if len(set(s)) != len(s):
             raise Unsupported(f"einsum: repeated label in {s!r} (diagonals) is not "
-                                      f"supported")
+                              f"supported")
     # Contract left to right, summing out labels no later operand or the output needs.
     cur, cur_spec = operands[0], specs[0]
     for k in range(1, len(operands)):

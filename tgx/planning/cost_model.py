@@ -30,7 +30,7 @@ from ..backends.registry import kernels_for
 from ..core import Literal
 from ..graph import structural_hash
 from ..profiling.timing import measure
-from ..shapes import concrete_shape
+from ..shapes import concrete_shape, name_binding
 from ..store.schema import implementation_key, workload_key
 from ..tracing import GraphBuilder
 from .transfers import transfer_seconds
@@ -56,17 +56,8 @@ class Estimate:
     detail: str = ""
 
 
-def _binding(dims) -> dict:
-    """{name: int} from {name_or_Symbol: int}."""
-    return {str(k): int(v) for k, v in (dims or {}).items()}
-
-
-def _shape(aval, env: dict) -> tuple[int, ...]:
-    return concrete_shape(aval.shape, env)
-
-
 def _nbytes(aval, env) -> int:
-    return math.prod(_shape(aval, env)) * aval.dtype.itemsize
+    return math.prod(concrete_shape(aval.shape, env)) * aval.dtype.itemsize
 
 
 def _flops(eqn, env) -> float:
@@ -74,8 +65,8 @@ def _flops(eqn, env) -> float:
     rule = eqn.primitive.flops
     if rule is None:
         return 0.0
-    return rule([_shape(a.aval, env) for a in eqn.invars],
-                [_shape(v.aval, env) for v in eqn.outvars], **eqn.params)
+    return rule([concrete_shape(a.aval.shape, env) for a in eqn.invars],
+                [concrete_shape(v.aval.shape, env) for v in eqn.outvars], **eqn.params)
 
 
 class CostModel:
@@ -121,9 +112,9 @@ class CostModel:
     def workload(self, eqn, dims) -> tuple[str, dict, list]:
         """(graph_hash, axes, input descriptors): symbols named s0, s1 … in order of first
         appearance in the inputs (as the structural hash renames them)."""
-        env = _binding(dims)
+        env = name_binding(dims)
         ghash, syms = self._graph_key(eqn)
-        inputs = [(_shape(a.aval, env), a.aval.dtype.name) for a in eqn.invars
+        inputs = [(concrete_shape(a.aval.shape, env), a.aval.dtype.name) for a in eqn.invars
                   if not isinstance(a, Literal)]
         return ghash, {f"s{i}": env[s] for i, s in enumerate(syms)}, inputs
 
@@ -176,9 +167,9 @@ class CostModel:
         if rec is not None:
             found = (rec, None, 1.0)
         else:
-            env = _binding(dims)
+            env = name_binding(dims)
             here = sum(_nbytes(a.aval, env) for a in eqn.invars if not isinstance(a, Literal))
-            n_here = max(1, sum(math.prod(_shape(a.aval, env)) for a in eqn.invars
+            n_here = max(1, sum(math.prod(concrete_shape(a.aval.shape, env)) for a in eqn.invars
                                 if not isinstance(a, Literal)))
             best = None
             for wl in self.store.workloads_for(ghash, self.env_id):
@@ -228,7 +219,7 @@ class CostModel:
         return self.roofline(eqn, kernel.backend, dims)
 
     def roofline(self, eqn, backend, dims) -> Estimate:
-        env = _binding(dims)
+        env = name_binding(dims)
         ovh, bw, peak = self.costs(backend)
         nbytes = 0 if eqn.primitive.is_view else sum(  # a view moves no bytes
             _nbytes(a.aval, env) for a in (*eqn.invars, *eqn.outvars)

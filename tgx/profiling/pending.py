@@ -21,21 +21,12 @@ import numpy as np
 from ..backends import get_backend
 from ..backends.registry import kernels_for
 from ..core import Literal, primitive_by_name
-from ..shapes import DTYPES, ShapedArray, concrete_shape
+from ..shapes import DTYPES, ShapedArray, concrete_shape, name_binding
 from ..store.schema import implementation_key
 from ..tracing import GraphBuilder
 from ..transforms.evaluate import concretize
 from .accuracy import DEFAULT_ATOL
 from .runner import profile
-
-
-def _binding(dims) -> dict:
-    """{name: int} from {name_or_Symbol: int}."""
-    return {str(k): int(v) for k, v in (dims or {}).items()}
-
-
-def _shape(aval, env: dict) -> tuple[int, ...]:
-    return concrete_shape(aval.shape, env)
 
 
 def random_inputs(inputs: list, seed: int = 0) -> tuple:
@@ -119,7 +110,7 @@ def decode_param(v: Any) -> Any:
 
 def describe_equation(eqn: Any, dims: dict) -> dict:
     """{"primitive", "params", "inputs"} of `eqn` at the concrete binding `dims`."""
-    env = _binding(dims)
+    env = name_binding(dims)
     syms = _symbol_binding(eqn, env)
     params = {k: encode_param(concretize(v, syms)) for k, v in sorted(eqn.params.items())}
     inputs = []
@@ -128,7 +119,7 @@ def describe_equation(eqn: Any, dims: dict) -> dict:
             inputs.append({"literal": encode_param(np.asarray(a.val).item()),
                            "dtype": a.aval.dtype.name})
         else:
-            inputs.append([list(_shape(a.aval, env)), a.aval.dtype.name])
+            inputs.append([list(concrete_shape(a.aval.shape, env)), a.aval.dtype.name])
     return {"primitive": eqn.primitive.name, "params": params, "inputs": inputs}
 
 
@@ -166,22 +157,23 @@ def _symbol_binding(eqn: Any, env: dict) -> dict:
 def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0) -> dict:
     """A `profile` job: `kernel` on random inputs of `eqn` at `dims`, the primitive's NumPy
     reference (float64 inputs) as golden."""
-    env = _binding(dims)
+    env = name_binding(dims)
     syms = _symbol_binding(eqn, env)
     params = {k: concretize(v, syms) for k, v in eqn.params.items()}
-    arrays = list(random_inputs([(_shape(a.aval, env), a.aval.dtype.name)
+    arrays = list(random_inputs([(concrete_shape(a.aval.shape, env), a.aval.dtype.name)
                                  for a in eqn.invars if not isinstance(a, Literal)], seed))
     args = [np.asarray(a.val, a.aval.dtype) if isinstance(a, Literal) else arrays.pop(0)
             for a in eqn.invars]
     backend = get_backend(kernel.backend)
     bargs = tuple(backend.convert(x) for x in args)
     out_aval = eqn.outvars[0].aval
-    out = backend.empty(_shape(out_aval, env), out_aval.dtype) if kernel.writes_out else None
+    out_shape = concrete_shape(out_aval.shape, env)
+    out = backend.empty(out_shape, out_aval.dtype) if kernel.writes_out else None
     fn = kernel.bind(params, out)
     ref = functools.partial(eqn.primitive.impl, **params)
     return {"fn": fn, "args": bargs, "golden": ref if eqn.primitive.impl else None,
             "dtype": out_aval.dtype, "sync": kernel.backend,
-            "atol": reduction_atol(eqn, args, _shape(out_aval, env), out_aval.dtype)}
+            "atol": reduction_atol(eqn, args, out_shape, out_aval.dtype)}
 
 
 def reduction_atol(eqn: Any, args: list, out_shape: tuple, dtype: Any) -> float | None:

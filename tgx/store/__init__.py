@@ -5,6 +5,7 @@
 
 from tgx.store.db import (
     BenchmarkStore,
+    as_store,
     atomic_write_json,
     default_store_path,
     move_aside,
@@ -22,6 +23,6 @@ from tgx.store.schema import (
 
 __all__ = [
     "SCHEMA_VERSION", "TABLES", "BenchmarkStore", "CorruptStoreError", "ImplKind", "Status",
-    "StoreError", "StoreVersionError", "atomic_write_json", "default_store_path",
+    "StoreError", "StoreVersionError", "as_store", "atomic_write_json", "default_store_path",
     "environment_id", "format_environment", "move_aside", "sniff_environment",
 ]

@@ -728,3 +728,13 @@ class BenchmarkStore:
 
     def __repr__(self) -> str:
         return f"BenchmarkStore({self.path!r})"
+
+
+def as_store(store: BenchmarkStore | str | os.PathLike | None) -> BenchmarkStore:
+    """`store` if it is one, else the store at that path (None: `default_store_path()`).
+
+    Example::
+
+        as_store(None).path == default_store_path()  # -> True
+    """
+    return store if isinstance(store, BenchmarkStore) else BenchmarkStore(store)
