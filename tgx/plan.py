@@ -46,10 +46,17 @@ class Stages(list):
 
 
 class Instructions(list):
-    """The flat instruction list of a `CompiledGraph`, printable (the "lower" stage)."""
+    """The flat instruction list of a `CompiledGraph`, printable (the "lower" stage); the
+    outputs written into the workspace are marked."""
+
+    def __init__(self, instructions, workspace=()):
+        super().__init__(instructions)
+        self.workspace = workspace
 
     def __str__(self) -> str:
         return "\n".join(f"  {t:>3} {ins.label} ins={list(ins.ins)} outs={list(ins.outs)}"
+                         + (" [workspace]" if ins.outs and ins.outs[0] in self.workspace
+                            else "")
                          for t, ins in enumerate(self))
 
 
@@ -182,10 +189,8 @@ class Plan:
         for i, b, nbytes in tr:
             lines.append(f"  eqn {i}: → {b}, {nbytes} bytes")
         lines.append("schedule:")
-        for t, ins in enumerate(self.compiled.instructions):
-            lines.append(f"  {t:>3} {ins.label} ins={list(ins.ins)} outs={list(ins.outs)}"
-                         + (" [workspace]" if ins.outs and ins.outs[0] in self.compiled.workspace
-                            else ""))
+        if cg.instructions:
+            lines.append(str(Instructions(cg.instructions, cg.workspace)))
         mem = self.memory
         if mem is not None:
             lines.append("buffer plan:")

@@ -52,7 +52,7 @@ def lower_assignment(assignment: Assignment, options: PlanOptions, *, source_gra
     stages.append(("schedule", bg))
     cg = _lower_scheduled(bg, sp, in_names=options.in_names, device=options.device,
                           weights=options.weights, state=options.state)
-    stages.append(("lower", Instructions(cg.instructions)))
+    stages.append(("lower", Instructions(cg.instructions, cg.workspace)))
     stages.append(("buffers", cg.memory))
     return Plan(assignment, bg, cg, options, source_graph, stages)
 
