@@ -55,13 +55,10 @@ def best_time(fn, repeats: int = 7) -> float:
 def decoder_block(cfg: G.Config):
     """One decoder layer as its own function (for the path listing)."""
     def block(layer, x):
-        cos, sin = tgx.nn.rope_cos_sin(x.shape[0], cfg.head_dim, cfg.rope_theta)
-        h = G.rms_norm(x, layer["input_layernorm"]["weight"], cfg.rms_norm_eps)
-        h = G.attention(layer["self_attn"], h, cos, sin, cfg)
-        x = x + G.rms_norm(h, layer["post_attention_layernorm"]["weight"], cfg.rms_norm_eps)
-        h = G.rms_norm(x, layer["pre_feedforward_layernorm"]["weight"], cfg.rms_norm_eps)
-        h = G.mlp(layer["mlp"], h)
-        return x + G.rms_norm(h, layer["post_feedforward_layernorm"]["weight"], cfg.rms_norm_eps)
+        q_pos = tgx.numpy.arange(x.shape[0])
+        rope = tgx.nn.rope_cos_sin(q_pos, cfg.head_dim, cfg.rope_local_base_freq)
+        _, sliding = G.attention_masks(q_pos, x.shape[0], cfg)
+        return G.decoder_layer(layer, x, rope, sliding, cfg)[0]
     return block
 
 
