@@ -332,6 +332,13 @@ def _composite_table():
         return F.rms_norm(x, tuple(normalized_shape), w[0] if has_weight else None, eps)
 
     def sdpa(q, k, v, *mask, has_mask, is_causal, scale, enable_gqa):
+        # torch's CPU fused kernel takes 4-D (batch, heads, L, E); other ranks go to the math
+        # path (measured: one decode token, 4 heads over 256 keys: 0.08 ms 4-D, 0.4 ms 3-D)
+        if q.ndim == k.ndim == v.ndim == 3:
+            m = mask[0] if has_mask else None
+            return F.scaled_dot_product_attention(
+                q[None], k[None], v[None], attn_mask=m if m is None or m.ndim < 3 else m[None],
+                is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)[0]
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[0] if has_mask else None,
                                               is_causal=is_causal, scale=scale,
                                               enable_gqa=enable_gqa)
