@@ -1,2 +1,2 @@
-"""The runtime: `CompiledGraph` (the flat instruction list and its run loop) and the buffer
-plan it resolves per binding."""
+"""The runtime: `CompiledGraph` (the flat instruction list, run by one generated function per
+binding, `codegen.py`) and the buffer plan it resolves per binding."""

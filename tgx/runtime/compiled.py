@@ -6,8 +6,9 @@ the torch / jax values are owned by their library (torch's caching allocator, XL
 host (NumPy) values use the CPU workspace. A `CompiledGraph` holds instructions
 `(kernel, input slots, output slots)` over a flat list of slots; `run` binds the symbolic dims
 from the argument shapes, fetches the *specialization* for that binding (kernels with their
-params and workspace views baked in, built once per binding and cached), and runs one plain
-loop: no dict look-ups, no recursion, no re-planning.
+params and workspace views baked in, built once per binding and cached) and calls its
+generated function (`tgx.runtime.codegen`): straight-line Python, one call per instruction,
+no dict look-ups, no loop, no re-planning. `source()` prints it.
 
 >>> import numpy as np, tgx, tgx.numpy as tnp
 >>> plan = tgx.compile(lambda x: tnp.exp(x) + 1.0, backends=["numpy"]).lower(tgx.Spec(("N",)))
@@ -29,6 +30,7 @@ from ..core import pp_eqn, var_namer
 from ..errors import BindingError, DTypeError, KernelError
 from ..shapes import ShapedArray, eval_dim, shape_str
 from ..transforms.evaluate import bind_dims
+from .codegen import RunFunction, generate
 from .memory import ALIGNMENT
 
 # Bindings kept specialized at once (each owns a workspace sized for its dims).
@@ -75,12 +77,15 @@ class Instruction:
 
 @dataclass
 class Specialization:
-    """Everything `run` needs for one binding of the dims."""
+    """Everything `run` needs for one binding of the dims: `run(args, bound weights)` is the
+    generated function over `instrs` (`(fn, input slots, out slot(s), slots to free)` each);
+    `template` holds the constants by slot."""
 
     dims: dict
     template: list
     instrs: tuple
     shapes: tuple
+    run: RunFunction
     workspace: dict = field(default_factory=dict)
 
 
@@ -116,6 +121,7 @@ class CompiledGraph:
         self.weight_copies = tuple(weight_copies)
         self._bound_src: tuple = ()       # the argument objects bound last (kept alive)
         self._bound: tuple = ()           # (slot, converted value) per weight copy
+        self._bound_values: tuple = ()    # the converted values alone (the run's `bound`)
         #: weight conversions done so far (each bound array once per backend)
         self.weight_conversions = 0
         #: state buffers: (arg index, output index, copy) per state leaf; `copy`: the result
@@ -152,6 +158,7 @@ class CompiledGraph:
             bound.append((slot, get_backend(backend).convert(x, device)))
             self.weight_conversions += 1
         self._bound_src, self._bound = src, tuple(bound)
+        self._bound_values = tuple(v for _, v in bound)
 
     # -- binding ----------------------------------------------------------------------------
     def _dim_sources(self):
@@ -202,13 +209,20 @@ class CompiledGraph:
                 for dev, nbytes in res.workspace.items():
                     if dev == "cpu":
                         workspace[dev] = allocate_workspace(nbytes)
+                # values at one offset with one shape and dtype (an in-place update and
+                # its input) get one view object: NumPy runs `np.add(x, y, out=x)` in
+                # place directly, but checks a distinct view of the same memory for
+                # overlap (~0.5 us more per call on tiny arrays)
+                same: dict[tuple, Any] = {}
                 for ins in self.instructions:
                     for slot, aval in zip(ins.outs, ins.out_avals):
                         if slot in self.workspace:
                             shape = tuple(eval_dim(d, dims) for d in aval.shape)
-                            views[slot] = workspace_view(workspace["cpu"],
-                                                         offsets[self.workspace[slot]], shape,
+                            k = (offsets[self.workspace[slot]], shape, aval.dtype, ins.backend)
+                            if k not in same:
+                                same[k] = workspace_view(workspace["cpu"], k[0], shape,
                                                          aval.dtype, ins.backend)
+                            views[slot] = same[k]
         template: list[Any] = [None] * self.n_slots
         for slot, c in self.consts.items():
             template[slot] = c(dims) if callable(c) else c
@@ -220,7 +234,11 @@ class CompiledGraph:
             instrs.append((fn, ins.ins, outs, dead))
         shapes = tuple((tuple(eval_dim(d, dims) for d in a.shape), a.dtype)
                        for a in self.in_avals)
-        spec = Specialization(dims, template, tuple(instrs), shapes, workspace)
+        run = generate(instrs, in_slots=self.in_slots, out_slots=self.out_slots,
+                       bound_slots=[slot for _, slot, _, _ in self.weight_copies],
+                       consts={s: v for s, v in enumerate(template) if v is not None},
+                       labels=[ins.label for ins in self.instructions])
+        spec = Specialization(dims, template, tuple(instrs), shapes, run, workspace)
         if len(self._specs) >= MAX_SPECIALIZATIONS:  # each holds a workspace: drop the oldest
             del self._specs[next(iter(self._specs))]
         self._specs[key] = spec
@@ -298,38 +316,35 @@ class CompiledGraph:
         for i, a in enumerate(args):
             if type(a) is not np.ndarray:
                 args[i] = _coerce(a, self.in_avals[i])
-        spec = self._specs.get(self._key(args)) or self.specialize(self._key(args))
-        slots = spec.template[:]
-        for i, (slot, a, (shape, dtype)) in enumerate(zip(self.in_slots, args, spec.shapes)):
+        key = self._key(args) if self.symbols else ()
+        spec = self._specs.get(key) or self.specialize(key)
+        for a, (shape, dtype) in zip(args, spec.shapes):
             if a.shape != shape or a.dtype != dtype:
-                self._raise_mismatch(i, a, shape, dtype)
-            slots[slot] = a
-        for slot, v in self._bound:
-            slots[slot] = v
+                self._raise_mismatch(args, spec.shapes)
         try:  # no cost on the hot path (zero-cost exceptions); the context on failure
-            for fn, ins, out, dead in spec.instrs:
-                if type(out) is int:
-                    slots[out] = fn(*[slots[i] for i in ins])
-                else:
-                    for o, v in zip(out, fn(*[slots[i] for i in ins])):
-                        slots[o] = v
-                for d in dead:
-                    slots[d] = None
+            outs = spec.run.fn(args, self._bound_values)
         except Exception as e:
-            raise self._kernel_error(spec, fn, ins, slots, e) from e
-        outs = [slots[o] for o in self.out_slots]
+            err = self._kernel_error(spec, e)
+            if err is None:
+                raise
+            raise err from e
         if objs is not None:
             self._write_state(args, objs, outs)
         return outs
 
-    def _kernel_error(self, spec, fn, ins, slots, error: Exception) -> KernelError:
+    def _kernel_error(self, spec, error: Exception) -> KernelError | None:
         """A `KernelError` naming the instruction that raised `error`, its kernel, the
         equations it runs (with the user's file:line) and its input shapes (FX's "While
-        executing …")."""
-        t = next(t for t, step in enumerate(spec.instrs) if step[0] is fn and step[1] is ins)
+        executing …"); None when `error` did not come from an instruction. The instruction
+        is found from the line the generated function stopped at, its inputs in that
+        frame's locals (`RunFunction.failure`)."""
+        found = spec.run.failure(error)
+        if found is None:
+            return None
+        t, inputs = found
         instr = self.instructions[t]
-        shapes = ", ".join(f"{getattr(slots[i], 'dtype', type(slots[i]).__name__)}"
-                           f"{list(getattr(slots[i], 'shape', ()))}" for i in ins)
+        shapes = ", ".join(f"{getattr(x, 'dtype', type(x).__name__)}"
+                           f"{list(getattr(x, 'shape', ()))}" for x in inputs)
         lines = [f"kernel {instr.label} (instruction {t} of {len(self.instructions)}, on "
                  f"{instr.backend}) failed: {type(error).__name__}: {error}",
                  f"  inputs: {shapes or 'none'}"]
@@ -343,10 +358,33 @@ class CompiledGraph:
             lines.append(f"  … and {len(instr.eqns) - 4} more equations of this region")
         return KernelError("\n".join(lines))
 
-    def _raise_mismatch(self, i, a, shape, dtype):
+    def _raise_mismatch(self, args, shapes):
+        """The error for the first argument whose shape or dtype differs from `shapes`."""
+        i, a, (shape, dtype) = next((i, a, sd) for i, (a, sd) in enumerate(zip(args, shapes))
+                                    if a.shape != sd[0] or a.dtype != sd[1])
         if a.dtype != dtype:
             raise DTypeError(self._mismatch(i, a, shape))
         raise BindingError(self._mismatch(i, a, shape))
+
+    def source(self, *key: int, **dims: int) -> str:
+        """The generated run function of one binding of the dims (by position in `symbols`
+        order, or by name), as Python source; what `run_flat` calls.
+
+        >>> import numpy as np, tgx, tgx.numpy as tnp
+        >>> f = tgx.compile(lambda x: tnp.exp(x) * 2.0 + x, backends=["numpy"],
+        ...                 policy="heuristic")
+        >>> cg = f.lower(tgx.Spec(("N",))).compiled
+        >>> print(cg.source(N=3))
+        def run(args, bound):
+            a0, = args
+            v1 = k0(a0, out=k0_out)  # 0: exp[out]@numpy
+            v2 = k1(v1, c4, out=k1_out)  # 1: mul[out]@numpy
+            v3 = k2(v2, a0)  # 2: add[out]@numpy
+            return [v3]
+        """
+        if dims:
+            key = tuple(dims[s.name] for s in self.symbols)
+        return self.specialize(tuple(key)).run.source
 
     def hand_loop(self, key: tuple) -> list[tuple]:
         """The specialized (fn, input slots, output slot) list, for overhead comparisons."""
