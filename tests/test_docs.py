@@ -19,6 +19,7 @@ def test_code_blocks_run(page, tmp_path, monkeypatch):
     if not blocks:
         pytest.skip("no python blocks")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(ROOT / "examples"))   # pages may import the examples
     monkeypatch.setenv("TGX_STORE", str(tmp_path / "store.json"))
     ns: dict = {"__name__": f"docs_{page.stem}"}
     for i, src in enumerate(blocks):

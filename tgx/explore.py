@@ -157,7 +157,8 @@ def candidate_assignments(graph: Graph, backends: Sequence[str], cost_model, dim
 def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], store,
                         dims: Mapping, options: PlanOptions | None = None, *,
                         budget_s: float = 0.2, rounds: int = 3, spin_up_s: float = 0.1,
-                        env_id: str | None = None) -> int:
+                        env_id: str | None = None, time_limit_s: float | None = None,
+                        progress: bool | None = False) -> int:
     """Time each assignment of {label: Assignment}, lowered with `options` exactly as
     `tgx.compile` lowers it (bound weights, state buffers), on random inputs at `dims`
     (checked against the reference evaluator) and record a GRAPH_RECIPE trace with the
@@ -170,7 +171,11 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
     twice as many passes again, to tell them apart. The spin-up is what makes passes
     comparable: thread pools outlive the call that started them (OpenBLAS workers spin
     ~0.1 s, torch's OpenMP pool, XLA's), so a plan timed right after another would pay for
-    it, while a plan run in a loop pays only for its own pools."""
+    it, while a plan run in a loop pays only for its own pools.
+
+    `time_limit_s`: no further plan is lowered and checked once this much time has passed
+    (those measured so far are still timed and recorded); `progress`: a bar on stderr (None:
+    on a terminal)."""
     if not assignments:
         return 0
     options = options or PlanOptions()
@@ -189,7 +194,12 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
                        [(list(np.shape(a)), np.asarray(a).dtype.name) for a in args])
     recs: dict[str, dict] = {}
     runs: dict[str, object] = {}
+    start = time.monotonic()
+    bar = Progress(len(assignments), enabled=progress)
     for label, a in assignments.items():
+        if time_limit_s is not None and time.monotonic() - start > time_limit_s:
+            break
+        bar.update(f"whole plan {label}")
         impl = record_recipe(store, graph, a, dims, options, label)
         if store.measured(ghash, impl, wkey, env_id) or impl in recs:
             continue
@@ -222,6 +232,7 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
                     passes[impl].append(measure(runs[impl], args, budget_s=budget_s / rounds,
                                                 warmup_s=spin_up_s))
 
+    bar.close()
     race(list(runs), rounds)
     # plans within `CLOSE` of the fastest are told apart with more passes (racing): the
     # choice between them is what the measurement is for
@@ -245,12 +256,20 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
 def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
             dims: Mapping) -> None:
     """EXPLORE: profile the unmeasured candidate kernels of `graph`, then measure the
-    shortlist of whole plans lowered with `options`; FASTEST then chooses from the store."""
+    shortlist of whole plans lowered with `options`; FASTEST then chooses from the store.
+
+    With `options.explore_budget` (seconds), kernels get at most half of it and whole plans
+    what is left; what the budget leaves out is measured by a later explore. A progress bar
+    goes to stderr on a terminal (`$TGX_PROGRESS=1/0` forces it on/off)."""
+    start, budget = time.monotonic(), options.explore_budget
     cm = CostModel(store, tolerance=options.tolerance)
-    explore_kernels(graph, backends, store, cm, dims)
+    explore_kernels(graph, backends, store, cm, dims, progress=None,
+                    time_limit_s=None if budget is None else budget / 2)
     cm = CostModel(store, tolerance=options.tolerance)  # with what was just measured
+    left = None if budget is None else max(0.0, budget - (time.monotonic() - start))
     measure_assignments(graph, candidate_assignments(graph, backends, cm, dims, options),
-                        store, dims, options, env_id=cm.env_id)
+                        store, dims, options, env_id=cm.env_id, time_limit_s=left,
+                        progress=None)
 
 
 def _single(outs: list):

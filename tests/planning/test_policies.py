@@ -89,6 +89,25 @@ def test_explore_records_traces_and_second_compile_reuses_them(store, monkeypatc
     assert [repr(k) for k in p1.kernels] == [repr(k) for k in p2.kernels]
 
 
+def test_explore_budget_bounds_the_work_and_a_later_explore_finishes_it(store, monkeypatch,
+                                                                       capsys):
+    def plans_measured():
+        recipes = {r["key"] for r in store.implementations() if r["kind"] == "GRAPH_RECIPE"}
+        return sum(t["impl"] in recipes for t in store.traces())
+
+    monkeypatch.setenv("TGX_PROGRESS", "1")
+    ref = np.tanh(np.exp(X.astype(np.float64)) * 2.0)
+    c = tgx.compile(f, store=store, policy="explore", backends=["numpy", "torch"],
+                    explore_budget=0.0)
+    np.testing.assert_allclose(c(X), ref, rtol=1e-5)
+    assert plans_measured() == 0 and len(store.traces()) <= 1  # no time: (almost) nothing
+    c = tgx.compile(f, store=store, policy="explore", backends=["numpy", "torch"])
+    np.testing.assert_allclose(c(X), ref, rtol=1e-5)
+    assert plans_measured() >= 2        # each backend alone at least
+    err = capsys.readouterr().err
+    assert "whole plan" in err and "] 2/2" in err    # the progress bar
+
+
 def test_tolerance_excludes_fast_inaccurate_kernel(store):
     @register_kernel("tanh", "numpy", variant="naive")
     def naive_tanh(x):  # computes in float16: relative error ~1e-3 on random inputs

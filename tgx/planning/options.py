@@ -33,7 +33,8 @@ class PlanOptions:
     `weights`: indices of the graph inputs that are weights (bound once per array object);
     `state`: (input index, output index) pairs of state buffers; `in_names`: the argument
     names errors use; `dims`: the binding the measured policies choose at (default: every
-    symbol at the hint, 64); `simplify`: run `tgx.simplify` before selecting.
+    symbol at the hint, 64); `simplify`: run `tgx.simplify` before selecting;
+    `explore_budget`: seconds EXPLORE may spend measuring (None: until done).
     """
 
     policy: str = "fastest"
@@ -48,6 +49,7 @@ class PlanOptions:
     weights: tuple[int, ...] = ()
     state: tuple[tuple[int, int], ...] = ()
     simplify: bool = True
+    explore_budget: float | None = None
 
     def __post_init__(self):
         if self.policy not in POLICIES:
