@@ -196,6 +196,11 @@ def main(argv=None) -> None:
     base = times[0][1]
     for name, t in times:
         print(f"  {name:20s} {t * 1e3:8.2f} ms   {t / base:5.2f}x tgx FASTEST")
+    peer, t_peer = min(times[1:], key=lambda nt: nt[1])
+    verdict = ("faster than" if base < t_peer * 0.98 else
+               "on par with" if base <= t_peer * 1.02 else "slower than")
+    print(f"  => tgx FASTEST is {verdict} the best alternative here ({peer}): "
+          f"{base / t_peer:.2f}x its time")
 
     section(f"Memory plan at S={s0}")
     mem = plan.memory
