@@ -139,15 +139,7 @@ def hf_row(cfg, params, tokens, pos) -> Row:
     import torch
     import transformers
 
-    config = transformers.Gemma3TextConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
-        head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
-        rope_local_base_freq=cfg.rope_local_base_freq, sliding_window=cfg.sliding_window,
-        query_pre_attn_scalar=int(cfg.query_pre_attn_scalar), max_position_embeddings=T_MAX,
-        hidden_activation="gelu_pytorch_tanh", attn_implementation="eager",
-        tie_word_embeddings=True)
+    config = G.hf_config(cfg, max_position_embeddings=T_MAX)
     with torch.device("meta"):
         model = transformers.Gemma3ForCausalLM(config)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in flatten_names(params).items()},

@@ -118,6 +118,24 @@ def random_params(cfg: Config, seed: int = 0) -> dict:
                       "layers": layers, "norm": {"weight": norm(d)}}}
 
 
+def hf_config(cfg: Config, max_position_embeddings: int = 4096):
+    """The Hugging Face `Gemma3TextConfig` of `cfg` (eager attention, tied embeddings), to
+    build `transformers.Gemma3ForCausalLM(hf_config(cfg))` offline for parity checks."""
+    import transformers
+
+    return transformers.Gemma3TextConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_key_value_heads,
+        head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
+        rope_local_base_freq=cfg.rope_local_base_freq, sliding_window=cfg.sliding_window,
+        sliding_window_pattern=cfg.sliding_window_pattern,
+        query_pre_attn_scalar=int(cfg.query_pre_attn_scalar),
+        max_position_embeddings=max_position_embeddings,
+        hidden_activation="gelu_pytorch_tanh", attn_implementation="eager",
+        tie_word_embeddings=True)
+
+
 def empty_cache(cfg: Config, t_max: int, dtype=np.float32) -> list[dict]:
     """One `{"k", "v"}` cache of (kv heads, t_max, head dim) per layer, zeroed."""
     shape = (cfg.num_key_value_heads, t_max, cfg.head_dim)

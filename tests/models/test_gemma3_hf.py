@@ -34,17 +34,7 @@ RTOL = {torch.float64: 1e-5, torch.float32: 1e-5}
 
 
 def hf_model(cfg: G.Config, params: dict, dtype):
-    config = transformers.Gemma3TextConfig(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-        rms_norm_eps=cfg.rms_norm_eps, rope_theta=cfg.rope_theta,
-        rope_local_base_freq=cfg.rope_local_base_freq, sliding_window=cfg.sliding_window,
-        query_pre_attn_scalar=int(cfg.query_pre_attn_scalar), max_position_embeddings=64,
-        sliding_window_pattern=cfg.sliding_window_pattern,
-        hidden_activation="gelu_pytorch_tanh", attn_implementation="eager",
-        tie_word_embeddings=True)
+    config = G.hf_config(cfg, max_position_embeddings=64)
     model = transformers.Gemma3ForCausalLM(config).eval()
     state = {k: torch.from_numpy(np.ascontiguousarray(v))
              for k, v in flatten_names(params).items()}
