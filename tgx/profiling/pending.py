@@ -45,8 +45,10 @@ def random_inputs(inputs: list, seed: int = 0) -> tuple:
             out.append(rng.random(shape) < 0.5)
         elif np.issubdtype(dt, np.integer):
             out.append(rng.integers(0, 10, shape).astype(dt))
+        elif dt in (np.float32, np.float64):   # drawn in the dtype: 4x faster for float32
+            out.append(np.asarray(rng.standard_normal(shape, dtype=dt)))
         else:
-            out.append(np.asarray(rng.standard_normal(shape)).astype(dt))
+            out.append(np.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dt))
     return tuple(out)
 
 
