@@ -362,7 +362,7 @@ def test_cuda_mlp(backends, rng):
     n = cg.weight_conversions
     assert n == len(p)
     assert all(isinstance(v, torch.Tensor) and v.device == torch.device("cuda:0")
-               for _, v in cg._bound)
+               for v in cg._bound)
     for m in (64, 7, 64):
         xm = rng.standard_normal((m, 256)).astype(np.float32)
         np.testing.assert_allclose(f(p, xm), bench.mlp_np(p, xm), rtol=1e-3, atol=1e-3)

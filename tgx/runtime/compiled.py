@@ -120,8 +120,8 @@ class CompiledGraph:
         self.weight_args = tuple(weight_args)
         self.weight_copies = tuple(weight_copies)
         self._bound_src: tuple = ()       # the argument objects bound last (kept alive)
-        self._bound: tuple = ()           # (slot, converted value) per weight copy
-        self._bound_values: tuple = ()    # the converted values alone (the run's `bound`)
+        #: the converted value per weight copy, in `weight_copies` order (the run's `bound`)
+        self._bound: tuple = ()
         #: weight conversions done so far (each bound array once per backend)
         self.weight_conversions = 0
         #: state buffers: (arg index, output index, copy) per state leaf; `copy`: the result
@@ -145,20 +145,18 @@ class CompiledGraph:
         """
         src = tuple(args[i] for i in self.weight_args)
         old = dict(zip(self.weight_args, self._bound_src))
-        prev = {s: v for (a, s, _, _), (_, v) in zip(self.weight_copies, self._bound)
-                if a in old} if self._bound else {}
+        reuse = len(self._bound) == len(self.weight_copies)
         bound = []
-        for a, slot, backend, device in self.weight_copies:
+        for j, (a, _, backend, device) in enumerate(self.weight_copies):
             x = args[a]
-            if a in old and old[a] is x and slot in prev:
-                bound.append((slot, prev[slot]))
+            if reuse and a in old and old[a] is x:
+                bound.append(self._bound[j])
                 continue
             if type(x) is not np.ndarray:
                 x = _coerce(x, self.in_avals[a])
-            bound.append((slot, get_backend(backend).convert(x, device)))
+            bound.append(get_backend(backend).convert(x, device))
             self.weight_conversions += 1
         self._bound_src, self._bound = src, tuple(bound)
-        self._bound_values = tuple(v for _, v in bound)
 
     # -- binding ----------------------------------------------------------------------------
     def _dim_sources(self):
@@ -322,7 +320,7 @@ class CompiledGraph:
             if a.shape != shape or a.dtype != dtype:
                 self._raise_mismatch(args, spec.shapes)
         try:  # no cost on the hot path (zero-cost exceptions); the context on failure
-            outs = spec.run.fn(args, self._bound_values)
+            outs = spec.run.fn(args, self._bound)
         except Exception as e:
             err = self._kernel_error(spec, e)
             if err is None:
