@@ -22,13 +22,13 @@ from __future__ import annotations
 import numpy as np
 import scipy.special
 
+from ..primitives.activations import _GELU_C
 from ..primitives.attention import _batch_shapes
 from ..shapes import ShapedArray
 from .registry import register_kernel
 
 NAME = "numpy"
 _EXACT = (np.dtype(np.float32), np.dtype(np.float64))
-_GELU_C = float(np.sqrt(2.0 / np.pi))
 
 
 def _float_operands(avals, params):
