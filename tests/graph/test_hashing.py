@@ -1,7 +1,6 @@
 import random
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -119,19 +118,17 @@ def test_stable_across_processes():
     assert out.stdout.strip() == here
 
 
-def test_hash_of_1000_equations_is_fast():
-    def f(x):
-        for _ in range(250):
-            x = tnp.exp(x * 2.0 + x) - x
+def test_hash_of_1000_equations_tells_one_changed_equation():
+    # (its speed is measured in bench/bench_graph.py, not here: a timed test fails on a
+    # loaded machine)
+    def f(x, last=2.0):
+        for i in range(250):
+            x = tnp.exp(x * (last if i == 249 else 2.0) + x) - x
         return x
 
     g = tgx.make_graph(f)(tgx.Spec(("N", 64)))
     assert len(g.eqns) == 1000
-    best = min(_timed(structural_hash, g) for _ in range(5))
-    assert best < 0.020, f"structural_hash took {best * 1e3:.1f} ms for 1,000 equations"
+    assert structural_hash(g) == structural_hash(tgx.make_graph(f)(tgx.Spec(("N", 64))))
+    other = tgx.make_graph(lambda x: f(x, 3.0))(tgx.Spec(("N", 64)))
+    assert structural_hash(g) != structural_hash(other)
 
-
-def _timed(fn, *args) -> float:
-    t = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 import sympy
@@ -350,19 +349,15 @@ def test_empty_plan():
     assert plan.peak() == {} and plan.offsets() == {} and plan.estimate_memory() == {}
 
 
-def test_planning_2000_buffers_is_fast():
+def test_planning_2000_buffers():
+    # (planning and resolve times are measured in bench/bench_memory.py: a timed test fails
+    # on a loaded machine)
     reqs = transformer(143)  # 14 buffers per layer
     assert len(reqs) > 2000
-    t0 = time.perf_counter()
     plan = plan_memory(reqs)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 2.0, elapsed
-    t0 = time.perf_counter()
-    for n in range(1, 101):
+    for n in (1, 3, 100):
         plan._cache.clear()
-        plan.resolve(N=n)
-    assert (time.perf_counter() - t0) / 100 < 5e-3
-    check_plan(plan, reqs, {"N": 3})
+        check_plan(plan, reqs, {"N": n})
 
 
 def test_several_hints_keep_the_best_stacking_order():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import sys
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -199,12 +198,9 @@ def test_count_with_max_transfers_does_not_enumerate():
         applied += 1
         return apply(*a)
     ps._apply = counting_apply
-    t0 = time.perf_counter()
     n = ps.count()
-    elapsed = time.perf_counter() - t0
     assert n > 10**15
-    assert applied < 10**5 and applied * 10**10 < n
-    assert elapsed < 60  # seconds (typically well under one)
+    assert applied < 10**5 and applied * 10**10 < n   # the work is bounded, not the count
     unlimited = Paths(g, backends=NTJ, cost_model=PlantedCosts()).count()
     zero = Paths(g, backends=NTJ, max_transfers=0, cost_model=PlantedCosts()).count()
     assert zero < n < unlimited

@@ -87,9 +87,9 @@ def test_measure_respects_min_and_max_repeats():
 
 
 def test_measure_stops_at_the_budget():
-    start = time.perf_counter()
+    # each sample sleeps >= 20 ms, so a 0.1 s budget allows at most ~5 (more only if
+    # `measure` ignored the budget; a loaded machine gives fewer, never more)
     t = measure(time.sleep, (0.02,), budget_s=0.1, rel_tol=0.0, warmup=1)
-    assert time.perf_counter() - start < 0.5
     assert 1 <= t.samples <= 7
 
 
@@ -220,13 +220,11 @@ def test_naive_softmax_at_large_inputs_is_incorrect():
 
 
 def test_isolated_hang_times_out_and_the_sweep_goes_on():
-    start = time.monotonic()
     recs = profile_many([(hanging_scale, (X,)), (good_scale, (X,))], golden=ref_scale,
                         isolate=True, timeout_s=2, progress=False, **FAST)
     assert [r["status"] for r in recs] == ["TIMEOUT", "PASSED"]
     assert "timeout" in recs[0]["log"]
     assert recs[1]["median_s"] > 0
-    assert time.monotonic() - start < 20
 
 
 def test_isolated_crash_is_a_runtime_error():
