@@ -73,6 +73,8 @@ def test_kv_cache_decode_loop(backend):
     inplace = [x for x in labels(plan) if "[inplace]" in x]
     if backend == "jax":      # immutable arrays: the result is copied into the cache once
         assert not inplace and all(copy for _, _, copy in cg.state)
+        # the XLA region takes the caller's cache, x and pos as they are: no copy_to@jax
+        assert not any(x.startswith("copy_to@jax") for x in labels(plan)), labels(plan)
     else:                     # only the window is written; no whole-cache update runs
         assert inplace == [f"dynamic_update_slice[inplace]@{backend}"] * 2
         assert not any(x.startswith("dynamic_update_slice@") for x in labels(plan))

@@ -136,6 +136,12 @@ class Backend:
         order — on the values of `in_ids`, returning those of `out_ids`."""
         raise Unsupported(f"backend {self.name!r} does not fuse regions")
 
+    def region_takes_host(self, device: str) -> bool:
+        """For `fuses_regions`: whether a region running on `device` accepts host (NumPy)
+        arrays as inputs and moves them itself, so the lowering passes them straight in
+        instead of copying each one beforehand."""
+        return False
+
     def __repr__(self) -> str:
         return f"<Backend {self.name}>"
 

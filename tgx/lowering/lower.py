@@ -217,6 +217,24 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
             return True
         return False
 
+    # A region that takes host arrays (`Backend.region_takes_host`) reads a host value it
+    # would get through a copy_to as the host value itself; the copy goes when nothing else
+    # reads it. Not for weights (bound once) or constants (converted once), and not in a plan
+    # that updates state in place: an update could land between the copy and the region.
+    home = {v.id: host for v in (*graph.invars, *graph.constvars)}
+    for e, b in zip(eqns, backends):
+        for v in e.outvars:
+            home[v.id] = b
+    no_pass = set(weight_of) | set(const_value)
+    through: dict[int, Var] = {}
+    for e, b in zip(eqns, backends):
+        if (_is_transfer(e) and isinstance(e.invars[0], Var) and fuse_regions and not sp.inplace
+                and objs[b].fuses_regions
+                and objs[b].region_takes_host(e.params.get("device", HOST))
+                and home[e.invars[0].id] == host and e.invars[0].id not in no_pass):
+            through[e.outvars[0].id] = e.invars[0]
+    passed: list[Instruction] = []   # copies a region may no longer need
+
     def single(i: int) -> Instruction:
         e, b, k = eqns[i], backends[i], kernels[i]
         ins = tuple(lit_slot(a, b) if isinstance(a, Literal) else slot_of(a) for a in e.invars)
@@ -251,15 +269,21 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
                     break
                 j += 1
             instrs.append(_region_instruction(graph, eqns, kernels, backends[i], members,
-                                              slot_of) if len(members) > 1 else single(i))
+                                              slot_of, through)
+                          if len(members) > 1 else single(i))
             i = j
             continue
         if not fold(eqns[i]):
             instrs.append(single(i))
+            if eqns[i].outvars[0].id in through:
+                passed.append(instrs[-1])
         i += 1
 
     out_slots = [lit_slot(v, host) if isinstance(v, Literal) else slot_of(v)
                  for v in graph.outvars]
+    read = {s for ins in instrs for s in ins.ins} | set(out_slots)
+    unread = {id(ins) for ins in passed if ins.outs[0] not in read}
+    instrs = [ins for ins in instrs if id(ins) not in unread]
     # literal slots were numbered out of range; move them after the values
     remap = {s: len(slot) + n for n, s in enumerate(sorted(lit_slots.values()))}
     consts = {remap.get(s, s): c for s, c in consts.items()}
@@ -292,8 +316,9 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
                          graph=graph)
 
 
-def _region_instruction(graph, eqns, kernels, backend, members, slot_of):
-    """One compiled call of `backend` over the equations `members` of the schedule."""
+def _region_instruction(graph, eqns, kernels, backend, members, slot_of, through):
+    """One compiled call of `backend` over the equations `members` of the schedule; an input
+    in `through` (a copy's result -> the host value copied) is read as the host value."""
     region = [eqns[m] for m in members]
     defined = {v.id for e in region for v in e.outvars}
     in_vars, seen = [], set()
@@ -311,7 +336,8 @@ def _region_instruction(graph, eqns, kernels, backend, members, slot_of):
     return Instruction(label, backend,
                        _region(backend, region, [kernels[m] for m in members], in_vars,
                                out_vars),
-                       tuple(slot_of(v) for v in in_vars), tuple(slot_of(v) for v in out_vars),
+                       tuple(slot_of(through.get(v.id, v)) for v in in_vars),
+                       tuple(slot_of(v) for v in out_vars),
                        tuple(v.aval for v in out_vars), tuple(members), multi_out=True)
 
 
