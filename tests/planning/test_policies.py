@@ -108,6 +108,12 @@ def test_explore_budget_bounds_the_work_and_a_later_explore_finishes_it(store, m
     assert "whole plan" in err and "] 2/2" in err    # the progress bar
 
 
+@pytest.mark.parametrize("bad", [-1.0, "60", True])
+def test_a_bad_explore_budget_is_an_option_error(bad):
+    with pytest.raises(tgx.OptionError, match=r"explore_budget .* got"):
+        tgx.compile(f, policy="explore", explore_budget=bad)
+
+
 def test_tolerance_excludes_fast_inaccurate_kernel(store):
     @register_kernel("tanh", "numpy", variant="naive")
     def naive_tanh(x):  # computes in float16: relative error ~1e-3 on random inputs

@@ -54,6 +54,10 @@ class PlanOptions:
     def __post_init__(self):
         if self.policy not in POLICIES:
             raise OptionError(f"unknown policy {self.policy!r} (expected one of {POLICIES})")
+        b = self.explore_budget
+        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, float)) or b < 0):
+            raise OptionError(f"explore_budget must be a number of seconds >= 0 (or None), "
+                              f"got {b!r}")
         set_ = object.__setattr__
         set_(self, "device", device_name(self.device))
         if self.backends is not None:
