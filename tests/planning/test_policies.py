@@ -1,5 +1,6 @@
 """Policies wired into tgx.compile: fastest, explore, tolerance, pending flags."""
 
+import re
 import subprocess
 import sys
 
@@ -105,7 +106,8 @@ def test_explore_budget_bounds_the_work_and_a_later_explore_finishes_it(store, m
     np.testing.assert_allclose(c(X), ref, rtol=1e-5)
     assert plans_measured() >= 2        # each backend alone at least
     err = capsys.readouterr().err
-    assert "whole plan" in err and "] 2/2" in err    # the progress bar
+    # the progress bar, run to its end (the shortlist's length depends on the cost model)
+    assert "whole plan" in err and re.search(r"\] (\d+)/\1 ", err), err
 
 
 @pytest.mark.parametrize("bad", [-1.0, "60", True])
