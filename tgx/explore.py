@@ -109,7 +109,7 @@ def explore_kernels(graph: Graph, backends, store, cost_model, dims, budget_s: f
     bar = Progress(len(todo), enabled=progress)
     start, n, last = time.monotonic(), 0, None
     for e, k in todo:
-        if time_limit_s is not None and time.monotonic() - start > time_limit_s:
+        if time_limit_s is not None and time.monotonic() - start >= time_limit_s:
             break
         if last is not None and k.backend != last:
             time.sleep(0.2)
@@ -197,7 +197,7 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
     start = time.monotonic()
     bar = Progress(len(assignments), enabled=progress)
     for label, a in assignments.items():
-        if time_limit_s is not None and time.monotonic() - start > time_limit_s:
+        if time_limit_s is not None and time.monotonic() - start >= time_limit_s:
             break
         bar.update(f"whole plan {label}")
         impl = record_recipe(store, graph, a, dims, options, label)
