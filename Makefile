@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch is pinned to the local CPU wheel (an unpinned torch pulls GBs of CUDA packages).
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[torch,jax,test]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[torch,jax,numba,test]"
 	touch $(STAMP)
 
 test: $(STAMP)

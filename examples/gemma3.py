@@ -221,7 +221,7 @@ def forward(params, tokens, cfg: Config, cache=None, pos=None):
                              None if cache is None else cache[i], pos)
         new_cache.append(c)
     x = rms_norm(x, m["norm"]["weight"], cfg.rms_norm_eps)
-    logits = x @ emb.T            # tied embeddings
+    logits = tnn.linear(x, emb)   # tied embeddings: the head is a linear layer, as in HF
     return logits if cache is None else (logits, new_cache)
 
 

@@ -262,10 +262,11 @@ def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
     what is left; what the budget leaves out is measured by a later explore. A progress bar
     goes to stderr on a terminal (`$TGX_PROGRESS=1/0` forces it on/off)."""
     start, budget = time.monotonic(), options.explore_budget
-    cm = CostModel(store, tolerance=options.tolerance)
+    cm = CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)
     explore_kernels(graph, backends, store, cm, dims, progress=None,
                     time_limit_s=None if budget is None else budget / 2)
-    cm = CostModel(store, tolerance=options.tolerance)  # with what was just measured
+    # with what was just measured
+    cm = CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)
     left = None if budget is None else max(0.0, budget - (time.monotonic() - start))
     measure_assignments(graph, candidate_assignments(graph, backends, cm, dims, options),
                         store, dims, options, env_id=cm.env_id, time_limit_s=left,

@@ -23,6 +23,7 @@ from .core import Graph
 from .errors import BindingError, DTypeError, OptionError, ShapeError, TgxError
 from .pipeline import plan_graph
 from .plan import Plan
+from .precision import check_precision
 from .planning.options import PlanOptions
 from .shapes import ShapedArray, Spec, aval_of, shape_str, shapes_provably_equal
 from .tracing import (
@@ -161,9 +162,13 @@ class Compiled:
                             dims[d.name] = int(n)
             state = _state_pairs(graph, self._state_leaves.get(tree, ()),
                                  getattr(self.fn, "__name__", "the function"))
-            plan = plan_graph(graph, replace(self.options, in_names=names, dims=dims,
-                                             weights=self._weight_leaves.get(tree, ()),
-                                             state=state))
+            options = replace(self.options, in_names=names, dims=dims,
+                              weights=self._weight_leaves.get(tree, ()), state=state)
+            plan = plan_graph(graph, options)
+            # lossy kernels stay only if the whole plan's error on these arguments is
+            # within the tolerance (tgx.precision)
+            plan = check_precision(
+                plan, leaves, lambda below: plan_graph(graph, replace(options, lossy_below=below)))
             self._plans[key] = plan
         return plan
 

@@ -85,6 +85,9 @@ class Plan:
         self.predicted_s = assignment.predicted_s
         self.memory_budget = options.budget
         self.return_backend_arrays = options.return_backend_arrays
+        #: what the plan holds in a lower precision and the error measured on the first call
+        #: (`tgx.precision.PrecisionReport`), or None
+        self.precision = None
         compiled.memory_budget = options.budget
         compiled.state_backend_arrays = options.return_backend_arrays
 
@@ -183,6 +186,8 @@ class Plan:
                 how = (f"copied in once per call ({why})" if copy else
                        "updated in place (the [inplace] instructions write only their window)")
                 lines.append(f"  {cg.in_names[a]} -> output {o}: {how}")
+        if self.precision is not None:
+            lines.append(str(self.precision))
         tr = self.transfers()
         total = sum((b for _, _, b in tr), 0)
         lines.append(f"transfers: {len(tr)}" + (f", {total} bytes in all" if tr else ""))

@@ -18,6 +18,7 @@ DEFERRED = {
     "jaxlib": "jax's runtime (see jax)",
     "safetensors": "only `tgx.io` reads and writes weights; its torch part needs torch",
     "threadpoolctl": "inspects every loaded BLAS library when imported",
+    "numba": "optional and heavy (LLVM): imported when a generated kernel first compiles",
 }
 
 
@@ -38,7 +39,7 @@ LAYERS = {
     "tgx.plan": 12,
     "tgx.lowering": 13,
     "tgx.explore": 14,
-    "tgx.pipeline": 15,
+    "tgx.pipeline": 15, "tgx.precision": 15,
     "tgx.jit": 16,
     "tgx.io": 17, "tgx.cli": 17, "tgx.__main__": 17, "tgx": 17,
 }

@@ -239,3 +239,4 @@ for _name in list(PRIMITIVES):
 on_missing(NAME, _register_reference)
 
 from . import numpy_library  # noqa: E402,F401 - kernels in the input dtype for hot composites
+from . import numba_kernels  # noqa: E402,F401 - generated GEMVs (when numba is installed)

@@ -27,6 +27,21 @@ from .base import load_backend
 Checker = Callable[[list, dict], "str | None"]
 
 
+@dataclass(frozen=True)
+class Prepare:
+    """A one-time conversion of a kernel's operand `operand` into the form the kernel reads
+    (a weight held in bfloat16, or int8 with per-channel scales). Done once per bound weight
+    (`tgx.compile(weights=)`), where the weight conversions to other backends are done; for
+    an operand that is not a bound weight it would run on every call, so the selection offers
+    such a kernel only where the operand is one. `label` names the held form in plans;
+    `nbytes_ratio`: its size over the operand's."""
+
+    operand: int
+    fn: Callable
+    label: str
+    nbytes_ratio: float = 1.0
+
+
 def source_hash(fn: Callable) -> str:
     """sha256 of the function's source (stable across runs; the store keys kernels by it)."""
     try:
@@ -46,6 +61,12 @@ class Kernel:
     - `inplace_ok`: with `writes_out`, `out` may alias the first input (elementwise kernels).
     - `returns_view`: the result may share memory with an input (reshape, transpose …), so the
       buffer planner keeps the input's storage alive as long as the result.
+    - `prepare`: `Prepare`s converting operands once (weights in a lower precision); `fn`
+      receives the prepared forms.
+    - `lossy`: the kernel trades accuracy for speed (weights in a lower precision): its error
+      relative to the output's largest magnitude, as it promises it (the profiler's pass
+      criterion). Only chosen under `tolerance=`, and only when the whole plan's error on the
+      caller's inputs stays within it (`tgx.compile`).
     """
 
     name: str
@@ -65,6 +86,16 @@ class Kernel:
     # False: the result's dtype may differ from the shape rule's (reference implementations of
     # composites); the runtime casts it.
     dtype_exact: bool = True
+    prepare: tuple = field(default=(), compare=False)
+    lossy: float | None = None
+
+    def prepared(self, args: list) -> list:
+        """`args` with the operands this kernel prepares converted (what the profiler times,
+        and what the runtime does once per bound weight)."""
+        args = list(args)
+        for p in self.prepare:
+            args[p.operand] = p.fn(args[p.operand])
+        return args
 
     def check(self, avals: list, params: dict) -> str | None:
         """None when the kernel accepts the equation, else the reason it declines."""
@@ -107,7 +138,8 @@ _LATE: dict[str, Callable[[str], None]] = {}
 def register_kernel(name: str, backend: str, *, checker: Checker | None = None,
                     variant: str = "default", writes_out: bool = False,
                     inplace_ok: bool = False, returns_view: bool = False,
-                    pattern: Any = None, specialize: Callable | None = None
+                    pattern: Any = None, specialize: Callable | None = None,
+                    prepare: tuple = (), lossy: float | None = None
                     ) -> Callable[[Callable], Callable]:
     """Decorator: register `fn` as kernel `variant` of `name` on `backend`.
 
@@ -126,7 +158,8 @@ def register_kernel(name: str, backend: str, *, checker: Checker | None = None,
 
     def deco(fn: Callable) -> Callable:
         add_kernel(Kernel(name, backend, fn, checker, variant, writes_out, inplace_ok,
-                          returns_view, pattern, source_hash(fn), specialize))
+                          returns_view, pattern, "", specialize, prepare=tuple(prepare),
+                          lossy=lossy))
         return fn
 
     return deco
@@ -139,7 +172,12 @@ def add_kernel(kernel: Kernel) -> Kernel:
         raise TgxError(f"kernel {kernel.name}@{kernel.backend} (variant {kernel.variant!r}) is "
                        f"registered twice")
     if not kernel.source_hash:
-        kernel = Kernel(**{**kernel.__dict__, "source_hash": source_hash(kernel.fn)})
+        # what the kernel computes: its function and the conversions of its operands
+        h = source_hash(kernel.fn)
+        if kernel.prepare:
+            h = hashlib.sha256("".join([h, *(source_hash(p.fn) for p in kernel.prepare)])
+                               .encode()).hexdigest()
+        kernel = Kernel(**{**kernel.__dict__, "source_hash": h})
     ks.append(kernel)
     return kernel
 

@@ -198,7 +198,9 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
         consts[slot_of(v)] = np.asarray(c)
     in_slots = [slot_of(v) for v in graph.invars]
     weight_of = {graph.invars[i].id: i for i in weights}
-    weight_copies: list[tuple[int, int, str, str]] = []  # (arg index, slot, backend, device)
+    # (arg index, slot, backend, device[, Prepare]): a copy of a weight to a backend, or its
+    # held form for a kernel that prepares it
+    weight_copies: list[tuple] = []
 
     def fold(e) -> bool:
         """Fold a copy_to of a constant (converted now) or of a weight (at binding time)."""
@@ -235,15 +237,31 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
             through[e.outvars[0].id] = e.invars[0]
     passed: list[Instruction] = []   # copies a region may no longer need
 
+    prepared: dict[tuple, int] = {}  # (weight var id, Prepare) -> slot of its held form
+
+    def prepared_slot(a, p) -> int | None:
+        """The slot of bound weight `a` held as `p` prepares it (converted once per bound
+        array, like the weight's copies), or None when `a` is not a bound weight."""
+        if not isinstance(a, Var) or a.id not in weight_of:
+            return None
+        key = (a.id, p)
+        if key not in prepared:
+            prepared[key] = 2_000_000_000 + len(prepared)  # renumbered below
+            weight_copies.append((weight_of[a.id], prepared[key], host, HOST, p))
+        return prepared[key]
+
     def single(i: int) -> Instruction:
         e, b, k = eqns[i], backends[i], kernels[i]
         ins = tuple(lit_slot(a, b) if isinstance(a, Literal) else slot_of(a) for a in e.invars)
+        build = _single(e, k, b, device)
+        if k is not None and k.prepare:
+            ins, build = _with_prepared(e, k, ins, build, prepared_slot)
         view = k.returns_view
         if _is_transfer(e):  # may share memory with its input when both are on one device
             x = e.invars[0]
             src = dev_of.get(x.id, HOST) if isinstance(x, Var) else HOST
             view = src == e.params.get("device", HOST)
-        return Instruction(repr(k), b, _single(e, k, b, device), ins,
+        return Instruction(repr(k), b, build, ins,
                            tuple(slot_of(v) for v in e.outvars),
                            tuple(v.aval for v in e.outvars), (i,),
                            k.writes_out and len(e.outvars) == 1, view, k.inplace_ok)
@@ -284,8 +302,9 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
     read = {s for ins in instrs for s in ins.ins} | set(out_slots)
     unread = {id(ins) for ins in passed if ins.outs[0] not in read}
     instrs = [ins for ins in instrs if id(ins) not in unread]
-    # literal slots were numbered out of range; move them after the values
-    remap = {s: len(slot) + n for n, s in enumerate(sorted(lit_slots.values()))}
+    # literal and prepared-weight slots were numbered out of range; move them after the values
+    remap = {s: len(slot) + n for n, s in enumerate(sorted((*lit_slots.values(),
+                                                           *prepared.values())))}
     consts = {remap.get(s, s): c for s, c in consts.items()}
     const_dev = {remap.get(s, s): d for s, d in const_dev.items()}
     slot_dev = {slot[i]: d for i, d in dev_of.items() if i in slot}
@@ -293,14 +312,19 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
     for ins in instrs:
         ins.ins = tuple(remap.get(s, s) for s in ins.ins)
     out_slots = [remap.get(s, s) for s in out_slots]
-    n_slots = len(slot) + len(lit_slots)
+    n_slots = len(slot) + len(lit_slots) + len(prepared)
+    weight_copies = [(a, remap.get(s, s), b, dev, *rest) for a, s, b, dev, *rest in weight_copies]
 
     symbols = sorted(set().union(*[free_symbols(v.aval.shape) for v in graph.invars]),
                      key=lambda s: s.name)
     # the caller's weight and state arrays are host arrays; copies live where they go
     persistent = [(f"w{a}", _nbytes(graph.invars[a].aval), HOST) for a in sorted(weights)]
     persistent += [(f"w{a}@{b}", _nbytes(graph.invars[a].aval), dev)
-                   for a, _, b, dev in weight_copies if not objs[b].zero_copy_from_host(dev)]
+                   for a, _, b, dev, *prep in weight_copies
+                   if not prep and not objs[b].zero_copy_from_host(dev)]
+    persistent += [(f"w{a}:{prep[0].label}",
+                    _scaled(_nbytes(graph.invars[a].aval), prep[0].nbytes_ratio), dev)
+                   for a, _, b, dev, *prep in weight_copies if prep]
     state_bufs = [(f"s{a}", _nbytes(graph.invars[a].aval), HOST) for a, _ in state]
     workspace, memory, dead = plan_buffers(graph, instrs, in_slots, out_slots, consts, slot,
                                            use_workspace, HOST, persistent, state_bufs,
@@ -314,6 +338,33 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
                          state=[(a, o, c) for (a, o), c in zip(state, sp.copy)],
                          state_reasons=sp.reasons, state_alias_outs=sp.alias_outs,
                          graph=graph)
+
+
+def _with_prepared(e, kernel, ins, build, prepared_slot):
+    """The inputs and builder of an instruction whose kernel prepares operands
+    (`Kernel.prepare`): a bound weight is read in its held form (converted once, at binding);
+    any other operand is converted on every call."""
+    ins = list(ins)
+    per_call = []
+    for p in kernel.prepare:
+        s = prepared_slot(e.invars[p.operand], p)
+        if s is None:
+            per_call.append(p)
+        else:
+            ins[p.operand] = s
+    if not per_call:
+        return tuple(ins), build
+
+    def build_per_call(dims, out):
+        fn = build(dims, out)
+
+        def run(*xs):
+            xs = list(xs)
+            for p in per_call:
+                xs[p.operand] = p.fn(xs[p.operand])
+            return fn(*xs)
+        return run
+    return tuple(ins), build_per_call
 
 
 def _region_instruction(graph, eqns, kernels, backend, members, slot_of, through):
@@ -339,6 +390,10 @@ def _region_instruction(graph, eqns, kernels, backend, members, slot_of, through
                        tuple(slot_of(through.get(v.id, v)) for v in in_vars),
                        tuple(slot_of(v) for v in out_vars),
                        tuple(v.aval for v in out_vars), tuple(members), multi_out=True)
+
+
+def _scaled(nbytes, ratio: float):
+    return int(nbytes * ratio) if type(nbytes) is int else nbytes * sympy.Rational(ratio)
 
 
 def _nbytes(aval):

@@ -74,12 +74,16 @@ class CostModel:
 
     `store`: a `BenchmarkStore` or None (cost model only). `env_id`: the environment to read
     (default: this machine's). `tolerance`: kernels whose measured max relative error exceeds
-    it are `excluded`.
+    it are `excluded`; lossy kernels (weights held in a lower precision) are excluded without
+    it, and with it when they promise an error of `lossy_below` or more.
     """
 
-    def __init__(self, store=None, env_id=None, tolerance=None):
+    def __init__(self, store=None, env_id=None, tolerance=None, lossy_below: float = math.inf):
         self.store = store
         self.tolerance = tolerance
+        #: lossy kernels (`Kernel.lossy`) promising an error below this may be chosen under
+        #: `tolerance`
+        self.lossy_below = lossy_below
         #: calibrated overrides: backend -> (overhead s, bandwidth B/s, peak flop/s)
         self.backend_costs: dict[str, tuple[float, float, float]] = {}
         #: calibrated overrides: (src, dst) -> seconds of contention
@@ -246,7 +250,16 @@ class CostModel:
         return self.switch_penalty.get((src, dst), b.switch_in.get(src, 0.0)) + enter
 
     def excluded(self, eqn, kernel, dims) -> str | None:
-        """Why `tolerance` rules `kernel` out for `eqn` (measured error too large), else None."""
+        """Why `tolerance` rules `kernel` out for `eqn` (measured error too large), else None.
+        A lossy kernel needs `tolerance=`; its error is then judged on the whole plan (a
+        path-level budget, `tgx.compile`), not here: per kernel it is bounded by the
+        profiler's pass criterion (`Kernel.lossy`)."""
+        if kernel.lossy is not None:
+            if self.tolerance is None:
+                return f"{kernel!r} holds operands in a lower precision: only under tolerance="
+            if kernel.lossy >= self.lossy_below:
+                return f"{kernel!r} holds operands in a lower precision: a plan's error " \
+                       f"exceeded tolerance {self.tolerance:g} with kernels this lossy"
         if self.tolerance is None or self.store is None or self.env_id is None:
             return None
         ghash, wkey = self.keys(eqn, dims)
@@ -258,7 +271,7 @@ class CostModel:
             return f"{kernel!r} has no PASSED trace ({recs[-1]['status']})"
         errs = [r["max_rel_err"] for r in recs if r["status"] == "PASSED"]
         err = min((e for e in errs if e is not None), default=None)
-        if err is not None and err > self.tolerance:
+        if err is not None and err > self.tolerance and kernel.lossy is None:
             return (f"{kernel!r}: measured max relative error {err:.3g} exceeds tolerance "
                     f"{self.tolerance:g}")
         return None

@@ -42,7 +42,8 @@ def fastest_assignment(graph: Graph, options: PlanOptions, store, *,
     (None: the cost model alone); `flag`: write pending flags for what was not measured."""
     backends = check_backends(options.backends, options.device)
     dims = options.binding or hint_binding(graph.in_avals)
-    cm = cost_model or CostModel(store, tolerance=options.tolerance)
+    cm = cost_model or CostModel(store, tolerance=options.tolerance,
+                                 lossy_below=options.lossy_below)
     if store is not None and options.tolerance is None:
         for m in measured_plans(graph, backends, store, dims, cm.env_id, options):
             try:

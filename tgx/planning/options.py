@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -34,7 +35,10 @@ class PlanOptions:
     `state`: (input index, output index) pairs of state buffers; `in_names`: the argument
     names errors use; `dims`: the binding the measured policies choose at (default: every
     symbol at the hint, 64); `simplify`: run `tgx.simplify` before selecting;
-    `explore_budget`: seconds EXPLORE may spend measuring (None: until done).
+    `explore_budget`: seconds EXPLORE may spend measuring (None: until done);
+    `lossy_below`: under `tolerance`, kernels holding weights in a lower precision may be
+    chosen when the error they promise (`Kernel.lossy`) is below this (`tgx.compile` lowers
+    it when a plan's error on the first call exceeds the tolerance).
     """
 
     policy: str = "fastest"
@@ -50,6 +54,7 @@ class PlanOptions:
     state: tuple[tuple[int, int], ...] = ()
     simplify: bool = True
     explore_budget: float | None = None
+    lossy_below: float = math.inf
 
     def __post_init__(self):
         if self.policy not in POLICIES:

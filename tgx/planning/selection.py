@@ -34,7 +34,7 @@ import ml_dtypes
 import numpy as np
 
 from ..backends import host_name
-from ..core import Graph, Literal
+from ..core import Graph, Literal, Var
 from ..errors import KernelError, TgxError
 from ..transforms.decompose import decomposition_graph
 from ..transforms.rewrite import eval_into, rebind, transform_graph
@@ -127,7 +127,10 @@ class _Selector:
 
     # -- options per equation --------------------------------------------------------------
     def options(self, eqn, depth: int = 0) -> dict[str, Choice]:
-        key = (_eqn_key(eqn), tuple(self.backends))
+        # which operands are bound weights matters: kernels that prepare an operand once
+        # (`Kernel.prepare`) are offered only where it is one
+        key = (_eqn_key(eqn), tuple(self.backends),
+               tuple(isinstance(a, Var) and a.id in self.free for a in eqn.invars))
         hit = self._options.get(key)
         if hit is None:
             hit = self._options[key] = self._compute_options(eqn, depth)
@@ -141,6 +144,8 @@ class _Selector:
             best = None
             for c in cands:
                 if c.backend != b or self.cm.excluded(eqn, c.kernel, self.dims) is not None:
+                    continue
+                if not self.held_once(eqn, c.kernel):
                     continue
                 est = self.cm.kernel(eqn, c.kernel, self.dims)
                 if best is None or est.seconds < best.estimate.seconds:
@@ -160,6 +165,12 @@ class _Selector:
                               f"{eqn.primitive.name} has no usable decomposition"
                               + (f"\n  at {eqn.source_info}" if eqn.source_info else ""))
         return out
+
+    def held_once(self, eqn, kernel) -> bool:
+        """Whether every operand `kernel` prepares is a bound weight (converted once, not
+        per call: what its measured time assumes)."""
+        return all(isinstance(eqn.invars[p.operand], Var)
+                   and eqn.invars[p.operand].id in self.free for p in kernel.prepare)
 
     def _sub_graph(self, eqn):
         key = _eqn_key(eqn)

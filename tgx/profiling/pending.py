@@ -12,6 +12,7 @@ Inputs are drawn from the workload's input descriptors with a fixed seed.
 from __future__ import annotations
 
 import functools
+import itertools
 import warnings
 from typing import Any
 
@@ -167,15 +168,63 @@ def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0) -> dict:
     args = [np.asarray(a.val, a.aval.dtype) if isinstance(a, Literal) else arrays.pop(0)
             for a in eqn.invars]
     backend = get_backend(kernel.backend)
-    bargs = tuple(backend.convert(x) for x in args)
+    # operands a kernel prepares (weights held in a lower precision) are prepared once, as
+    # for a bound weight, and not timed
+    bargs = tuple(kernel.prepared([backend.convert(x) for x in args]))
     out_aval = eqn.outvars[0].aval
     out_shape = concrete_shape(out_aval.shape, env)
     out = backend.empty(out_shape, out_aval.dtype) if kernel.writes_out else None
-    fn = kernel.bind(params, out)
+    fn = _cold(kernel.bind(params, out), bargs, backend)
     ref = functools.partial(eqn.primitive.impl, **params)
-    return {"fn": fn, "args": bargs, "golden": ref if eqn.primitive.impl else None,
-            "dtype": out_aval.dtype, "sync": kernel.backend,
-            "atol": reduction_atol(eqn, args, out_shape, out_aval.dtype)}
+    job = {"fn": fn, "args": bargs, "golden": ref if eqn.primitive.impl else None,
+           "dtype": out_aval.dtype, "sync": kernel.backend,
+           "atol": reduction_atol(eqn, args, out_shape, out_aval.dtype)}
+    if kernel.lossy is not None and eqn.primitive.impl:
+        # a lossy kernel passes within the error it promises, relative to the output's scale
+        golden = np.asarray(ref(*args))
+        scale = float(np.max(np.abs(golden))) if golden.size else 1.0
+        job.update(golden=golden, rtol=kernel.lossy, atol=kernel.lossy * scale)
+    return job
+
+
+#: Operands at least this large are timed cold: in a model each layer reads its own weights,
+#: which a loop over one copy would keep in the cache (a 2048x640 float32 GEMV: 37 µs hot,
+#: ~230 µs streamed from memory, as decode runs it).
+COLD_BYTES = 256 * 1024
+#: ... by cycling through copies of the inputs that together exceed the last-level cache
+COLD_SET = 64 * 1024 * 1024
+MAX_COPIES = 16
+
+
+def _cold(fn, args: tuple, backend):
+    """`fn`, timed as a model runs it: when its inputs are large, each call reads the next
+    of several copies of them (the first copy is `args`, so results are the same)."""
+    nbytes = sum(_nbytes(a) for a in args)
+    if nbytes < COLD_BYTES:
+        return fn
+    n = min(MAX_COPIES, -(-COLD_SET // nbytes))
+    if n <= 1:
+        return fn
+    copies = [args] + [tuple(_copy(a, backend) for a in args) for _ in range(n - 1)]
+    turn = itertools.cycle(copies)
+
+    def cold(*_):
+        return fn(*next(turn))
+    return cold
+
+
+def _nbytes(x) -> int:
+    if isinstance(x, tuple):
+        return sum(_nbytes(a) for a in x)
+    return int(getattr(x, "nbytes", 0) or 0)
+
+
+def _copy(x, backend):
+    if isinstance(x, tuple):  # a prepared operand (int8 values and their scales)
+        return tuple(_copy(a, backend) for a in x)
+    if isinstance(x, np.ndarray):
+        return x.copy()
+    return backend.convert(np.array(backend.to_host(x), copy=True))
 
 
 def reduction_atol(eqn: Any, args: list, out_shape: tuple, dtype: Any) -> float | None:
@@ -210,7 +259,7 @@ def profile_kernel(eqn: Any, kernel: Any, dims: dict, store: Any, cost_model: An
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return profile(job["fn"], job["args"], golden=job["golden"], dtype=job["dtype"],
-                       atol=job["atol"], store=store, graph_hash=ghash,
+                       atol=job["atol"], rtol=job.get("rtol"), store=store, graph_hash=ghash,
                        impl=cost_model.impl_key(kernel), workload=wkey,
                        env_id=cost_model.env_id, sync=job["sync"], budget_s=budget_s)
 

@@ -147,14 +147,15 @@ class CompiledGraph:
         old = dict(zip(self.weight_args, self._bound_src))
         reuse = len(self._bound) == len(self.weight_copies)
         bound = []
-        for j, (a, _, backend, device) in enumerate(self.weight_copies):
+        for j, (a, _, backend, device, *prep) in enumerate(self.weight_copies):
             x = args[a]
             if reuse and a in old and old[a] is x:
                 bound.append(self._bound[j])
                 continue
             if type(x) is not np.ndarray:
                 x = _coerce(x, self.in_avals[a])
-            bound.append(get_backend(backend).convert(x, device))
+            x = get_backend(backend).convert(x, device)
+            bound.append(prep[0].fn(x) if prep else x)  # a kernel's held form (Kernel.prepare)
             self.weight_conversions += 1
         self._bound_src, self._bound = src, tuple(bound)
 
@@ -233,7 +234,7 @@ class CompiledGraph:
         shapes = tuple((tuple(eval_dim(d, dims) for d in a.shape), a.dtype)
                        for a in self.in_avals)
         run = generate(instrs, in_slots=self.in_slots, out_slots=self.out_slots,
-                       bound_slots=[slot for _, slot, _, _ in self.weight_copies],
+                       bound_slots=[c[1] for c in self.weight_copies],
                        consts={s: v for s, v in enumerate(template) if v is not None},
                        labels=[ins.label for ins in self.instructions])
         spec = Specialization(dims, template, tuple(instrs), shapes, run, workspace)

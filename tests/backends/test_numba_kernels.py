@@ -1,0 +1,214 @@
+"""The generated GEMVs (numba) and weights held in a lower precision: each kernel against a
+float64 NumPy reference, the held forms, the one-time conversion of bound weights, and the
+path-level error budget that decides whether a lossy plan is kept."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tgx
+import tgx.nn as tnn
+from tgx.backends.registry import kernels_for
+from tgx.planning.cost_model import CostModel
+from tgx.store import BenchmarkStore
+
+nk = pytest.importorskip("tgx.backends.numba_kernels")
+if not nk.HAVE_NUMBA:
+    pytest.skip("numba is not installed", allow_module_level=True)
+
+# float32 accumulation over K terms of O(1) values: a few K·eps of the output's scale
+F32_RTOL = 1e-5
+
+
+def _rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def _close(got, want, k):
+    scale = max(float(np.max(np.abs(want))), 1e-30)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=0, atol=F32_RTOL * np.sqrt(k) * scale)
+
+
+shapes = st.tuples(st.integers(1, nk.MAX_ROWS), st.integers(1, 300), st.integers(1, 150),
+                   st.booleans(), st.integers(0, 2**31 - 1))
+
+
+@settings(max_examples=25, deadline=None)
+@given(shapes)
+def test_float32_gemv_matches_float64_reference(case):
+    m, k, n, bias, seed = case
+    rng = np.random.default_rng(seed)
+    x, w, b = _rand(rng, m, k), _rand(rng, n, k), _rand(rng, n)
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + (b if bias else 0)
+    _close(nk.linear_f32(x, w, *([b] if bias else [])), want, k)
+
+
+@settings(max_examples=25, deadline=None)
+@given(shapes)
+def test_bf16_gemv_computes_with_the_rounded_weights(case):
+    """The bf16 kernel is exact but for float32 accumulation on the weights as rounded to
+    bfloat16 (ml_dtypes' rounding): its only loss is the one it declares."""
+    m, k, n, bias, seed = case
+    rng = np.random.default_rng(seed)
+    x, w, b = _rand(rng, 1, m, k), _rand(rng, n, k), _rand(rng, n)
+    held = nk.to_bf16_bits(w)
+    assert held.dtype == np.uint16 and held.shape == w.shape
+    wr = w.astype(ml_dtypes.bfloat16).astype(np.float64)
+    want = x.astype(np.float64) @ wr.T + (b if bias else 0)
+    got = nk.linear_bf16(x, held, *([b] if bias else []))
+    assert got.shape == (1, m, n)
+    _close(got, want, k)
+
+
+@settings(max_examples=25, deadline=None)
+@given(shapes)
+def test_int8_gemv_computes_with_the_quantized_weights(case):
+    m, k, n, bias, seed = case
+    rng = np.random.default_rng(seed)
+    x, w, b = _rand(rng, m, k), _rand(rng, n, k), _rand(rng, n)
+    q, scale = nk.to_int8(w)
+    assert q.dtype == np.int8 and scale.dtype == np.float32
+    # each weight within half a step of its row's scale
+    assert np.all(np.abs(q * scale[:, None].astype(np.float64) - w) <= scale[:, None] * 0.5001)
+    want = x.astype(np.float64) @ (q * scale[:, None].astype(np.float64)).T + (b if bias else 0)
+    _close(nk.linear_int8(x, (q, scale), *([b] if bias else [])), want, k)
+
+
+def test_int8_of_a_zero_row_is_zero():
+    q, scale = nk.to_int8(np.zeros((2, 5), np.float32))
+    assert not q.any() and np.all(scale == 1)
+
+
+def test_out_view_is_written():
+    rng = np.random.default_rng(0)
+    x, w = _rand(rng, 1, 16), _rand(rng, 8, 16)
+    out = np.empty((1, 8), np.float32)
+    assert nk.linear_f32(x, w, out=out) is out
+    _close(out, x.astype(np.float64) @ w.T, 16)
+
+
+def test_checker_declines_what_a_gemv_loop_does_not_run():
+    k = next(k for k in kernels_for("linear", "numpy") if k.variant == "numba")
+    spec = lambda *s, dt=np.float32: tgx.ShapedArray(s, np.dtype(dt))  # noqa: E731
+    assert k.check([spec(1, 64), spec(32, 64)], {}) is None
+    assert "rows" in k.check([spec(128, 64), spec(32, 64)], {})
+    assert "float32" in k.check([spec(1, 64, dt=np.float64), spec(32, 64, dt=np.float64)], {})
+
+
+# -- planning: lossy kernels only under tolerance, weights held once ------------------------
+
+def _linear(w, x):
+    return tnn.linear(x, w)
+
+
+def _plant(store, fn, args, variant, seconds=1e-9):
+    """Record `variant` of `linear` as measured at `seconds` for fn's (one) linear."""
+    g = tgx.simplify(tgx.make_graph(fn)(*args))
+    eqn = next(e for e in g.eqns if e.primitive.name == "linear")
+    kernel = next(k for k in kernels_for("linear", "numpy") if k.variant == variant)
+    cm = CostModel(store)
+    ghash, axes, inputs = cm.workload(eqn, {})
+    wkey = store.add_workload(ghash, axes, inputs)
+    store.add_implementation("KERNEL", kernel.label, kernel.backend, kernel.source_hash)
+    store.add_trace(graph_hash=ghash, impl=cm.impl_key(kernel), workload=wkey,
+                    env_id=cm.env_id, status="PASSED", median_s=seconds)
+
+
+@pytest.fixture
+def weights():
+    rng = np.random.default_rng(1)
+    return _rand(rng, 96, 64), _rand(rng, 1, 64)
+
+
+def _compile(store, **kw):
+    return tgx.compile(_linear, weights="w", backends=["numpy"], store=store, **kw)
+
+
+def test_lossy_kernel_is_chosen_only_under_tolerance(tmp_path, weights):
+    store = BenchmarkStore(tmp_path / "s.json")
+    _plant(store, _linear, weights, "numba-int8")
+    w, x = weights
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    f = _compile(store)
+    np.testing.assert_allclose(f(w, x), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    plan = f._plans[next(iter(f._plans))]
+    assert all(k.lossy is None for k in plan.kernels) and plan.precision is None
+
+    g = _compile(store, tolerance=5e-2)
+    y = g(w, x)
+    plan = g._plans[next(iter(g._plans))]
+    assert [k.variant for k in plan.kernels] == ["numba-int8"]
+    rep = plan.precision
+    assert rep.kept and rep.held == (("args[0]", "int8", "linear[numba-int8]@numpy"),)
+    err = np.abs(y - want).max() / np.abs(want).max()
+    assert rep.error == pytest.approx(err, rel=1e-3) and 1e-4 < err < 5e-2
+    assert "held as int8" in str(plan)
+
+
+def test_weight_is_held_once_per_bound_array(tmp_path, weights):
+    store = BenchmarkStore(tmp_path / "s.json")
+    _plant(store, _linear, weights, "numba-bf16")
+    w, x = weights
+    f = _compile(store, tolerance=5e-2)
+    f(w, x)
+    cg = f._plans[next(iter(f._plans))].compiled
+    n = cg.weight_conversions
+    for _ in range(3):
+        f(w, x + 1)
+    assert cg.weight_conversions == n           # the same array: not converted again
+    w2 = w * 2
+    want = x.astype(np.float64) @ w2.astype(ml_dtypes.bfloat16).astype(np.float64).T
+    np.testing.assert_allclose(f(w2, x), want, rtol=0, atol=1e-4 * np.abs(want).max())
+    assert cg.weight_conversions == n + 1       # a new array: converted once more
+
+
+def test_a_plan_over_the_tolerance_is_planned_again_with_less_loss(tmp_path, weights):
+    """int8 (~1e-2 of the scale) fails a 4e-3 tolerance, bf16 (~2e-3) passes; 1e-4 rejects
+    both and the plan runs in float32."""
+    store = BenchmarkStore(tmp_path / "s.json")
+    _plant(store, _linear, weights, "numba-int8", 1e-9)
+    _plant(store, _linear, weights, "numba-bf16", 2e-9)
+    w, x = weights
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    f = _compile(store, tolerance=4e-3)
+    f(w, x)
+    plan = f._plans[next(iter(f._plans))]
+    assert [k.variant for k in plan.kernels] == ["numba-bf16"] and plan.precision.kept
+
+    f = _compile(store, tolerance=1e-4)
+    y = f(w, x)
+    plan = f._plans[next(iter(f._plans))]
+    assert all(k.lossy is None for k in plan.kernels)
+    rep = plan.precision
+    assert not rep.kept and rep.error > 1e-4 and rep.held[0][1] == "bf16"
+    assert "rejected" in str(plan)
+    np.testing.assert_allclose(y, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+def test_kernel_that_prepares_a_computed_operand_is_not_offered(tmp_path, weights):
+    """`w * 2` is computed per call: holding it in int8 would convert it every call, which the
+    kernel's measured time does not include."""
+    store = BenchmarkStore(tmp_path / "s.json")
+    fn = lambda w, x: tnn.linear(x, w * 2)  # noqa: E731
+    _plant(store, fn, weights, "numba-int8")
+    f = tgx.compile(fn, weights="w", backends=["numpy"], store=store, tolerance=5e-2)
+    w, x = weights
+    np.testing.assert_allclose(f(w, x), x @ (2 * w).T, rtol=1e-4, atol=1e-4)
+    plan = f._plans[next(iter(f._plans))]
+    assert all(k.lossy is None for k in plan.kernels)
+
+
+def test_lossy_kernel_is_profiled_within_the_error_it_promises(tmp_path):
+    from tgx.profiling.pending import profile_kernel
+
+    g = tgx.make_graph(_linear)(tgx.Spec((300, 64)), tgx.Spec((1, 64)))
+    eqn = g.eqns[0]
+    store = BenchmarkStore(tmp_path / "s.json")
+    for variant in ("numba", "numba-bf16", "numba-int8"):
+        k = next(k for k in kernels_for("linear", "numpy") if k.variant == variant)
+        rec = profile_kernel(eqn, k, {}, store, CostModel(store), budget_s=0.01)
+        assert rec["status"] == "PASSED", rec
+        assert rec["max_abs_err"] is not None

@@ -1,0 +1,202 @@
+"""Kernels tgx generates with numba: GEMVs that stream weights, in float32 or held in a lower
+precision, for the rows-few products of decoding.
+
+Decode is bound by streaming the weights once per token (Gemma-3-270m: ~480 MB of float32
+per step). These kernels run `linear` (y = x @ w.T + b) with few rows of `x` as a parallel
+loop over the output channels, each a dot product LLVM vectorizes:
+- `numba` (float32): faster than NumPy's BLAS GEMV here (measured 10.0 vs 13.9 ms for 60
+  GEMVs of 2048x640 on the 2-core CPU; 31.5 vs 22.6 GB/s);
+- `numba-bf16` (lossy): the weight held in bfloat16 (converted once per bound weight, see
+  `Prepare`), widened to float32 in registers: half the bytes (7.1 ms; error ~2e-3 of the
+  output's scale);
+- `numba-int8` (lossy): int8 with a float32 scale per output channel: a quarter of the
+  bytes (3.2 ms; error ~1e-2 of the output's scale).
+The lossy ones are chosen only under `tolerance=` (see `Kernel.lossy`).
+
+They are kernels of the NumPy backend, not a backend of their own: they read and write NumPy
+arrays in host memory, so a plan mixes them with NumPy's kernels without a copy at any
+boundary (docs/architecture.md, "Generated kernels"). numba is optional: without it nothing is
+registered. Compiled code is cached on disk (`cache=True`), so a second process does not
+compile again.
+
+>>> import numpy as np
+>>> x, w = np.ones((1, 8), np.float32), np.full((3, 8), 0.5, np.float32)
+>>> linear_f32(x, w).tolist() if HAVE_NUMBA else [[4.0, 4.0, 4.0]]
+[[4.0, 4.0, 4.0]]
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import ml_dtypes
+import numpy as np
+
+from .registry import Prepare, register_kernel
+
+HAVE_NUMBA = importlib.util.find_spec("numba") is not None
+NAME = "numpy"
+#: rows of `x` up to which a GEMV loop beats a BLAS GEMM (decode runs 1)
+MAX_ROWS = 8
+_BLOCK = 32  # output channels per parallel task
+numba = None  # the module, imported on the first compile (the loops read `numba.prange`)
+
+
+def _jit(fn):
+    """`fn` compiled by numba on its first call (so importing tgx does not import numba)."""
+    compiled = None
+
+    def run(*args):
+        nonlocal compiled
+        if compiled is None:
+            global numba
+            import numba
+
+            compiled = numba.njit(parallel=True, fastmath=True, cache=True)(fn)
+        return compiled(*args)
+
+    run.__name__ = run.__qualname__ = fn.__name__
+    return run
+
+
+def _gemv_f32(x, w, out):
+    m, k = x.shape
+    n = w.shape[0]
+    for blk in numba.prange((n + _BLOCK - 1) // _BLOCK):
+        for j in range(blk * _BLOCK, min(n, (blk + 1) * _BLOCK)):
+            for r in range(m):
+                acc = np.float32(0.0)
+                for i in range(k):
+                    acc += x[r, i] * w[j, i]
+                out[r, j] = acc
+
+
+def _gemv_bf16(x, w, out):
+    m, k = x.shape
+    n = w.shape[0]
+    for blk in numba.prange((n + _BLOCK - 1) // _BLOCK):
+        bits = np.empty(k, np.uint32)
+        row = bits.view(np.float32)  # a bfloat16 is the top half of a float32
+        for j in range(blk * _BLOCK, min(n, (blk + 1) * _BLOCK)):
+            for i in range(k):
+                bits[i] = np.uint32(w[j, i]) << 16
+            for r in range(m):
+                acc = np.float32(0.0)
+                for i in range(k):
+                    acc += x[r, i] * row[i]
+                out[r, j] = acc
+
+
+def _gemv_int8(x, w, scale, out):
+    m, k = x.shape
+    n = w.shape[0]
+    for blk in numba.prange((n + _BLOCK - 1) // _BLOCK):
+        for j in range(blk * _BLOCK, min(n, (blk + 1) * _BLOCK)):
+            for r in range(m):
+                acc = np.float32(0.0)
+                for i in range(k):
+                    acc += x[r, i] * np.float32(w[j, i])
+                out[r, j] = acc * scale[j]
+
+
+gemv_f32, gemv_bf16, gemv_int8 = _jit(_gemv_f32), _jit(_gemv_bf16), _jit(_gemv_int8)
+
+
+# -- holding weights in a lower precision (once per bound weight) ----------------------------
+
+def to_bf16_bits(w: np.ndarray) -> np.ndarray:
+    """`w` rounded to bfloat16 (nearest even), as its uint16 bit patterns.
+
+    >>> to_bf16_bits(np.array([[1.0, -2.0]], np.float32)).tolist()
+    [[16256, 49152]]
+    """
+    return np.ascontiguousarray(w, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+
+
+def to_int8(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`w` (out, in) as int8 with one float32 scale per output channel (symmetric, the row's
+    largest magnitude maps to 127): `w ≈ q * scale[:, None]`.
+
+    >>> q, s = to_int8(np.array([[1.0, -0.5], [0.0, 0.0]], np.float32))
+    >>> q.tolist(), s.tolist()
+    ([[127, -64], [0, 0]], [0.007874015718698502, 1.0])
+    """
+    w = np.asarray(w, np.float32)
+    peak = np.max(np.abs(w), axis=1)
+    scale = np.where(peak > 0, peak / 127.0, 1.0).astype(np.float32)
+    q = np.clip(np.rint(w / scale[:, None]), -127, 127).astype(np.int8)
+    return q, scale
+
+
+# -- linear kernels ------------------------------------------------------------------------
+
+def _rows(avals) -> int | None:
+    m = 1
+    for d in avals[0].shape[:-1]:
+        if type(d) is not int:
+            return None
+        m *= d
+    return m
+
+
+def _gemv_checker(avals, params):
+    x, w = avals[0], avals[1]
+    if x.dtype != np.float32 or any(a.dtype != np.float32 for a in avals):
+        return f"float32 only, got {', '.join(a.str_short() for a in avals)}"
+    if w.ndim != 2:
+        return f"weight must be 2-D, got {w.str_short()}"
+    m = _rows(avals)
+    if m is None or m > MAX_ROWS:
+        return (f"a GEMV loop for at most {MAX_ROWS} rows (decode); "
+                f"x {x.str_short()} has {'symbolic' if m is None else m} rows: BLAS wins")
+    return None
+
+
+def _as_rows(x, out, n):
+    """x as (rows, K) and the (rows, N) array to write (a view of `out` when given)."""
+    x2 = np.ascontiguousarray(x.reshape(-1, x.shape[-1]))
+    if out is None:
+        return x2, np.empty((x2.shape[0], n), np.float32), None
+    return x2, out.reshape(x2.shape[0], n), out
+
+
+def _finish(y2, out, x, n, b):
+    if b:
+        y2 += b[0]
+    return out if out is not None else y2.reshape(*x.shape[:-1], n)
+
+
+def linear_f32(x, w, *b, out=None):
+    """`x @ w.T (+ b)` by the generated float32 GEMV."""
+    n = w.shape[0]
+    x2, y2, out = _as_rows(x, out, n)
+    gemv_f32(x2, np.ascontiguousarray(w), y2)
+    return _finish(y2, out, x, n, b)
+
+
+def linear_bf16(x, w_bits, *b, out=None):
+    """`x @ w.T (+ b)` with `w` held as bfloat16 bits (`to_bf16_bits`)."""
+    n = w_bits.shape[0]
+    x2, y2, out = _as_rows(x, out, n)
+    gemv_bf16(x2, w_bits, y2)
+    return _finish(y2, out, x, n, b)
+
+
+def linear_int8(x, w_q, *b, out=None):
+    """`x @ w.T (+ b)` with `w` held as int8 and per-channel scales (`to_int8`)."""
+    q, scale = w_q
+    n = q.shape[0]
+    x2, y2, out = _as_rows(x, out, n)
+    gemv_int8(x2, q, scale, y2)
+    return _finish(y2, out, x, n, b)
+
+
+if HAVE_NUMBA:
+    register_kernel("linear", NAME, checker=_gemv_checker, variant="numba",
+                    writes_out=True)(linear_f32)
+    register_kernel("linear", NAME, checker=_gemv_checker, variant="numba-bf16",
+                    writes_out=True, lossy=1e-2,
+                    prepare=(Prepare(1, to_bf16_bits, "bf16", 0.5),))(linear_bf16)
+    register_kernel("linear", NAME, checker=_gemv_checker, variant="numba-int8",
+                    writes_out=True, lossy=4e-2,
+                    prepare=(Prepare(1, to_int8, "int8", 0.25),))(linear_int8)
