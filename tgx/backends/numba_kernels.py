@@ -193,10 +193,10 @@ def linear_int8(x, w_q, *b, out=None):
 
 if HAVE_NUMBA:
     register_kernel("linear", NAME, checker=_gemv_checker, variant="numba",
-                    writes_out=True)(linear_f32)
+                    writes_out=True, own_pool=True)(linear_f32)
     register_kernel("linear", NAME, checker=_gemv_checker, variant="numba-bf16",
-                    writes_out=True, lossy=1e-2,
+                    writes_out=True, lossy=1e-2, own_pool=True,
                     prepare=(Prepare(1, to_bf16_bits, "bf16", 0.5),))(linear_bf16)
     register_kernel("linear", NAME, checker=_gemv_checker, variant="numba-int8",
-                    writes_out=True, lossy=4e-2,
+                    writes_out=True, lossy=4e-2, own_pool=True,
                     prepare=(Prepare(1, to_int8, "int8", 0.25),))(linear_int8)

@@ -67,6 +67,8 @@ class Kernel:
       relative to the output's largest magnitude, as it promises it (the profiler's pass
       criterion). Only chosen under `tolerance=`, and only when the whole plan's error on the
       caller's inputs stays within it (`tgx.compile`).
+    - `own_pool`: the kernel runs on a thread pool of its own (numba's): a plan with such
+      kernels runs with BLAS on one thread (`tgx.backends.threads`).
     """
 
     name: str
@@ -88,6 +90,7 @@ class Kernel:
     dtype_exact: bool = True
     prepare: tuple = field(default=(), compare=False)
     lossy: float | None = None
+    own_pool: bool = False
 
     def prepared(self, args: list) -> list:
         """`args` with the operands this kernel prepares converted (what the profiler times,
@@ -139,8 +142,8 @@ def register_kernel(name: str, backend: str, *, checker: Checker | None = None,
                     variant: str = "default", writes_out: bool = False,
                     inplace_ok: bool = False, returns_view: bool = False,
                     pattern: Any = None, specialize: Callable | None = None,
-                    prepare: tuple = (), lossy: float | None = None
-                    ) -> Callable[[Callable], Callable]:
+                    prepare: tuple = (), lossy: float | None = None,
+                    own_pool: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: register `fn` as kernel `variant` of `name` on `backend`.
 
     Registering the same (name, backend, variant) twice is an error.
@@ -159,7 +162,7 @@ def register_kernel(name: str, backend: str, *, checker: Checker | None = None,
     def deco(fn: Callable) -> Callable:
         add_kernel(Kernel(name, backend, fn, checker, variant, writes_out, inplace_ok,
                           returns_view, pattern, "", specialize, prepare=tuple(prepare),
-                          lossy=lossy))
+                          lossy=lossy, own_pool=own_pool))
         return fn
 
     return deco

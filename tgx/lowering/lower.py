@@ -330,7 +330,7 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
                                            use_workspace, HOST, persistent, state_bufs,
                                            slot_dev)
     names = list(in_names) if in_names else leaf_names(graph.in_tree, len(graph.invars))
-    return CompiledGraph(n_slots=n_slots, in_slots=in_slots, in_avals=graph.in_avals,
+    cg = CompiledGraph(n_slots=n_slots, in_slots=in_slots, in_avals=graph.in_avals,
                          in_names=names, out_slots=out_slots, consts=consts,
                          instructions=instrs, dead=dead, workspace=workspace, memory=memory,
                          symbols=symbols, weight_args=sorted(weights),
@@ -338,6 +338,9 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
                          state=[(a, o, c) for (a, o), c in zip(state, sp.copy)],
                          state_reasons=sp.reasons, state_alias_outs=sp.alias_outs,
                          graph=graph)
+    if any(k is not None and k.own_pool for k in kernels):
+        cg.blas_threads = 1  # the thread budget (tgx.backends.threads)
+    return cg
 
 
 def _with_prepared(e, kernel, ins, build, prepared_slot):

@@ -24,6 +24,7 @@ from ..backends.registry import kernels_for
 from ..core import Literal, primitive_by_name
 from ..shapes import DTYPES, ShapedArray, concrete_shape, name_binding
 from ..store.schema import implementation_key
+from ..backends.threads import set_blas_threads
 from ..tracing import GraphBuilder
 from ..transforms.evaluate import concretize
 from .accuracy import DEFAULT_ATOL
@@ -175,10 +176,16 @@ def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0) -> dict:
     out_shape = concrete_shape(out_aval.shape, env)
     out = backend.empty(out_shape, out_aval.dtype) if kernel.writes_out else None
     fn = _cold(kernel.bind(params, out), bargs, backend)
+    if kernel.own_pool:  # timed as a plan runs it: BLAS on one thread (tgx.backends.threads)
+        fn = _blas_capped(fn)
     ref = functools.partial(eqn.primitive.impl, **params)
     job = {"fn": fn, "args": bargs, "golden": ref if eqn.primitive.impl else None,
            "dtype": out_aval.dtype, "sync": kernel.backend,
            "atol": reduction_atol(eqn, args, out_shape, out_aval.dtype)}
+    if kernel.own_pool:
+        # another library's pool may still spin from the kernel profiled before (torch's
+        # OpenMP workers: a parallel GEMV measured 8 ms instead of 0.1 ms): let it settle
+        job["warmup_s"] = OWN_POOL_WARMUP_S
     if kernel.lossy is not None and eqn.primitive.impl:
         # a lossy kernel passes within the error it promises, relative to the output's scale
         golden = np.asarray(ref(*args))
@@ -187,6 +194,8 @@ def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0) -> dict:
     return job
 
 
+#: untimed calls before timing a kernel with a thread pool of its own (see `kernel_job`)
+OWN_POOL_WARMUP_S = 0.05
 #: Operands at least this large are timed cold: in a model each layer reads its own weights,
 #: which a loop over one copy would keep in the cache (a 2048x640 float32 GEMV: 37 µs hot,
 #: ~230 µs streamed from memory, as decode runs it).
@@ -211,6 +220,16 @@ def _cold(fn, args: tuple, backend):
     def cold(*_):
         return fn(*next(turn))
     return cold
+
+
+def _blas_capped(fn):
+    def capped(*args):
+        prev = set_blas_threads(1)
+        try:
+            return fn(*args)
+        finally:
+            set_blas_threads(prev)
+    return capped
 
 
 def _nbytes(x) -> int:
@@ -261,7 +280,8 @@ def profile_kernel(eqn: Any, kernel: Any, dims: dict, store: Any, cost_model: An
         return profile(job["fn"], job["args"], golden=job["golden"], dtype=job["dtype"],
                        atol=job["atol"], rtol=job.get("rtol"), store=store, graph_hash=ghash,
                        impl=cost_model.impl_key(kernel), workload=wkey,
-                       env_id=cost_model.env_id, sync=job["sync"], budget_s=budget_s)
+                       env_id=cost_model.env_id, sync=job["sync"], budget_s=budget_s,
+                       **({"warmup_s": job["warmup_s"]} if "warmup_s" in job else {}))
 
 
 def flagged_jobs(store: Any, env_id: str) -> tuple[list[dict], list[str]]:

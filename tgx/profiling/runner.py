@@ -29,7 +29,7 @@ from tgx.store import Status
 from tgx.store.schema import TRACE_FIELDS
 
 _MEASURE_KEYS = ("sync", "warmup", "min_repeats", "max_repeats", "budget_s", "rel_tol",
-                 "cold_l2")
+                 "cold_l2", "warmup_s")
 _PROFILE_KEYS = ("golden", "dtype", "graph_hash", "impl", "workload", "env_id", "isolate",
                  "timeout_s")
 _SCRIPT_PREFIX = "_tgx_script_"

@@ -32,6 +32,7 @@ from ..shapes import ShapedArray, eval_dim, shape_str
 from ..transforms.evaluate import bind_dims
 from .codegen import RunFunction, generate
 from .memory import ALIGNMENT
+from ..backends.threads import set_blas_threads
 
 # Bindings kept specialized at once (each owns a workspace sized for its dims).
 MAX_SPECIALIZATIONS = 16
@@ -133,6 +134,9 @@ class CompiledGraph:
         self.state_alias_outs = tuple(state_alias_outs)
         #: whether torch tensors are accepted as state (set by the Plan: return_backend_arrays)
         self.state_backend_arrays = False
+        #: BLAS threads while a call runs (None: as they are); 1 when kernels with a pool of
+        #: their own run (`tgx.backends.threads`)
+        self.blas_threads = None
 
     # -- weights ----------------------------------------------------------------------------
     def bind_weights(self, args: Sequence[Any]) -> None:
@@ -320,6 +324,7 @@ class CompiledGraph:
         for a, (shape, dtype) in zip(args, spec.shapes):
             if a.shape != shape or a.dtype != dtype:
                 self._raise_mismatch(args, spec.shapes)
+        prev = None if self.blas_threads is None else set_blas_threads(self.blas_threads)
         try:  # no cost on the hot path (zero-cost exceptions); the context on failure
             outs = spec.run.fn(args, self._bound)
         except Exception as e:
@@ -327,6 +332,9 @@ class CompiledGraph:
             if err is None:
                 raise
             raise err from e
+        finally:
+            if prev is not None:
+                set_blas_threads(prev)
         if objs is not None:
             self._write_state(args, objs, outs)
         return outs
