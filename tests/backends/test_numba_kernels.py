@@ -212,3 +212,32 @@ def test_lossy_kernel_is_profiled_within_the_error_it_promises(tmp_path):
         rec = profile_kernel(eqn, k, {}, store, CostModel(store), budget_s=0.01)
         assert rec["status"] == "PASSED", rec
         assert rec["max_abs_err"] is not None
+
+
+def test_plan_with_generated_kernels_caps_blas_while_it_runs(tmp_path, weights, monkeypatch):
+    """numba's pool and OpenBLAS's spinning threads fight on few cores: the plan runs with
+    BLAS on one thread, and leaves BLAS as it found it."""
+    from tgx.backends import threads
+    from tgx.backends.threads import blas_threads
+
+    store = BenchmarkStore(tmp_path / "s.json")
+    _plant(store, _linear, weights, "numba")
+    w, x = weights
+    f = _compile(store)
+    before = blas_threads()
+    seen = []
+    real = threads.set_blas_threads
+
+    def spy(n):
+        seen.append(n)
+        return real(n)
+    monkeypatch.setattr("tgx.runtime.compiled.set_blas_threads", spy)
+    f(w, x)
+    plan = f._plans[next(iter(f._plans))]
+    assert [k.variant for k in plan.kernels] == ["numba"]
+    assert plan.compiled.blas_threads == 1
+    assert seen[0] == 1 and seen[-1] == before and blas_threads() == before
+
+    h = tgx.compile(_linear, weights="w", backends=["numpy"], policy="heuristic")
+    h(w, x)
+    assert h._plans[next(iter(h._plans))].compiled.blas_threads is None
