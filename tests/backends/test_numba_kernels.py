@@ -241,3 +241,44 @@ def test_plan_with_generated_kernels_caps_blas_while_it_runs(tmp_path, weights, 
     h = tgx.compile(_linear, weights="w", backends=["numpy"], policy="heuristic")
     h(w, x)
     assert h._plans[next(iter(h._plans))].compiled.blas_threads is None
+
+
+# -- RMSNorm and few-query attention ---------------------------------------------------------
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 9), st.integers(1, 300), st.integers(0, 2**31 - 1))
+def test_rms_norm_matches_float64_reference(rows, d, seed):
+    rng = np.random.default_rng(seed)
+    x, w = _rand(rng, rows, 1, d), _rand(rng, d)
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt(np.mean(x64 ** 2, axis=-1, keepdims=True) + 1e-6) * w
+    got = nk.rms_norm_f32(x, w, normalized_shape=(d,), eps=1e-6, has_weight=True)
+    assert got.shape == x.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+
+
+def _attention64(q, k, v, mask, scale):
+    reps = q.shape[0] // k.shape[0]
+    k, v = np.repeat(k, reps, axis=0).astype(np.float64), np.repeat(v, reps, axis=0)
+    s = np.where(mask, q.astype(np.float64) @ k.transpose(0, 2, 1) * scale, -np.inf)
+    top = np.max(s, axis=-1, keepdims=True)
+    e = np.exp(s - np.where(np.isfinite(top), top, 0))
+    den = e.sum(-1, keepdims=True)
+    return (e / np.where(den > 0, den, 1)) @ v
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(1, 4), st.sampled_from([1, 2, 4]), st.integers(1, 3), st.integers(1, 80),
+       st.integers(1, 40), st.integers(0, 2**31 - 1))
+def test_attention_matches_float64_reference(hk, reps, rows, n, e, seed):
+    """Grouped-query heads, a boolean mask with some rows fully masked (zeros, as the
+    reference), any scale."""
+    rng = np.random.default_rng(seed)
+    q, k, v = _rand(rng, hk * reps, rows, e), _rand(rng, hk, n, e), _rand(rng, hk, n, e)
+    mask = rng.random((rows, n)) < 0.7
+    mask[rng.random(rows) < 0.2] = False
+    scale = float(rng.uniform(0.05, 1.0))
+    got = nk.attention_f32(q, k, v, mask, has_mask=True, is_causal=False, scale=scale,
+                           enable_gqa=True)
+    want = _attention64(q, k, v, mask, scale)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(want).max()))

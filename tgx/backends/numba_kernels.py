@@ -1,5 +1,5 @@
 """Kernels tgx generates with numba: GEMVs that stream weights, in float32 or held in a lower
-precision, for the rows-few products of decoding.
+precision, for the rows-few products of decoding, and decode's RMSNorm and attention.
 
 Decode is bound by streaming the weights once per token (Gemma-3-270m: ~480 MB of float32
 per step). These kernels run `linear` (y = x @ w.T + b) with few rows of `x` as a parallel
@@ -11,7 +11,10 @@ loop over the output channels, each a dot product LLVM vectorizes:
   output's scale);
 - `numba-int8` (lossy): int8 with a float32 scale per output channel: a quarter of the
   bytes (3.2 ms; error ~1e-2 of the output's scale).
-The lossy ones are chosen only under `tolerance=` (see `Kernel.lossy`).
+The lossy ones are chosen only under `tolerance=` (see `Kernel.lossy`). Two serial kernels
+take the small per-token work between the GEMVs: RMSNorm over the last axis (one pass per
+row, where NumPy makes five calls) and attention of a few query rows over a KV cache (one pass
+over the keys per query head; grouped-query heads read their shared key/value head).
 
 They are kernels of the NumPy backend, not a backend of their own: they read and write NumPy
 arrays in host memory, so a plan mixes them with NumPy's kernels without a copy at any
@@ -42,7 +45,7 @@ _BLOCK = 32  # output channels per parallel task
 numba = None  # the module, imported on the first compile (the loops read `numba.prange`)
 
 
-def _jit(fn):
+def _jit(fn, parallel: bool = True):
     """`fn` compiled by numba on its first call (so importing tgx does not import numba)."""
     compiled = None
 
@@ -52,7 +55,7 @@ def _jit(fn):
             global numba
             import numba
 
-            compiled = numba.njit(parallel=True, fastmath=True, cache=True)(fn)
+            compiled = numba.njit(parallel=parallel, fastmath=True, cache=True)(fn)
         return compiled(*args)
 
     run.__name__ = run.__qualname__ = fn.__name__
@@ -99,7 +102,58 @@ def _gemv_int8(x, w, scale, out):
                 out[r, j] = acc * scale[j]
 
 
+def _rms_norm_rows(x, w, eps, out):
+    rows, d = x.shape
+    for r in range(rows):
+        acc = np.float32(0.0)
+        for i in range(d):
+            acc += x[r, i] * x[r, i]
+        inv = np.float32(1.0) / np.sqrt(acc / np.float32(d) + eps)
+        for i in range(d):
+            out[r, i] = x[r, i] * inv * w[i]
+
+
+def _attend(q, k, v, mask, scale, out):
+    """softmax(q k^T * scale, masked) v for few query rows; q (Hq, L, E), k/v (Hk, S, E),
+    mask (L, S) bool; query head h reads key/value head h // (Hq // Hk)."""
+    hq, rows, e = q.shape
+    hk, n, _ = k.shape
+    reps = hq // hk
+    p = np.empty(n, np.float32)
+    for h in range(hq):
+        kh = h // reps
+        for r in range(rows):
+            top = -np.inf
+            for j in range(n):
+                if mask[r, j]:
+                    acc = np.float32(0.0)
+                    for i in range(e):
+                        acc += q[h, r, i] * k[kh, j, i]
+                    acc *= scale
+                    p[j] = acc
+                    if acc > top:
+                        top = acc
+            den = np.float32(0.0)
+            for j in range(n):
+                if mask[r, j]:
+                    p[j] = np.exp(p[j] - top)
+                    den += p[j]
+                else:
+                    p[j] = 0.0
+            inv = np.float32(1.0) / den if den > 0 else np.float32(0.0)  # all masked: zeros
+            for i in range(e):
+                out[h, r, i] = 0.0
+            for j in range(n):
+                if p[j] != 0.0:
+                    pj = p[j] * inv
+                    for i in range(e):
+                        out[h, r, i] += pj * v[kh, j, i]
+
+
 gemv_f32, gemv_bf16, gemv_int8 = _jit(_gemv_f32), _jit(_gemv_bf16), _jit(_gemv_int8)
+# small per-call work: serial (no thread pool to wake, nothing to fight BLAS over)
+rms_norm_rows = _jit(_rms_norm_rows, parallel=False)
+attend = _jit(_attend, parallel=False)
 
 
 # -- holding weights in a lower precision (once per bound weight) ----------------------------
@@ -191,7 +245,107 @@ def linear_int8(x, w_q, *b, out=None):
     return _finish(y2, out, x, n, b)
 
 
+# `x @ w.T` written by hand (or `linear` decomposed) is a dot_general contracting the last
+# axes of a (rows, K) and an (N, K) operand: the same GEMVs serve it.
+_XWT = (((1,), (1,)), ((), ()))
+
+
+def _dot_checker(avals, params):
+    if params["dimension_numbers"] != _XWT or avals[0].ndim != 2:
+        return "a dot_general contracting the last axes of (rows, K) and (N, K)"
+    return _gemv_checker(avals, params)
+
+
+def dot_f32(x, w, *, dimension_numbers, preferred_element_type=None, out=None):
+    return linear_f32(x, w, out=out)
+
+
+def dot_bf16(x, w_bits, *, dimension_numbers, preferred_element_type=None, out=None):
+    return linear_bf16(x, w_bits, out=out)
+
+
+def dot_int8(x, w_q, *, dimension_numbers, preferred_element_type=None, out=None):
+    return linear_int8(x, w_q, out=out)
+
+
+# -- RMSNorm and few-query attention (decode) ------------------------------------------------
+
+def _rms_norm_checker(avals, params):
+    x = avals[0]
+    if any(a.dtype != np.float32 for a in avals):
+        return f"float32 only, got {', '.join(a.str_short() for a in avals)}"
+    if len(params["normalized_shape"]) != 1 or not params["has_weight"]:
+        return "normalizes the last axis, with a weight"
+    if x.ndim < 1:
+        return "x must have an axis to normalize"
+    return None
+
+
+def rms_norm_f32(x, w, *, normalized_shape, eps, has_weight, out=None):
+    """RMSNorm over the last axis with a weight, one pass per row (float32)."""
+    d = x.shape[-1]
+    x2 = np.ascontiguousarray(x.reshape(-1, d))
+    y2 = np.empty_like(x2) if out is None else out.reshape(x2.shape)
+    rms_norm_rows(x2, np.ascontiguousarray(w), np.float32(eps), y2)
+    return y2.reshape(x.shape) if out is None else out
+
+
+def _attention_checker(avals, params):
+    q, k, v = avals[:3]
+    if any(a.dtype != np.float32 for a in (q, k, v)):
+        return f"float32 only, got {q.str_short()}, {k.str_short()}, {v.str_short()}"
+    if params["is_causal"]:
+        return "no causal flag (decode passes its mask)"
+    if q.ndim < 3 or k.ndim != q.ndim or v.ndim != q.ndim:
+        return f"(…, heads, rows, dim) operands of one rank, got {q.str_short()}, " \
+               f"{k.str_short()}"
+    if any(d != 1 for a in (q, k, v) for d in a.shape[:-3]):
+        return "batch dims of 1 only"
+    rows, heads = q.shape[-2], q.shape[-3]
+    if type(rows) is not int or rows > MAX_ROWS:
+        return f"a loop for at most {MAX_ROWS} query rows (decode), got {rows}"
+    if type(heads) is not int or type(k.shape[-3]) is not int or heads % k.shape[-3]:
+        return "query heads must be a multiple of the key/value heads"
+    if k.shape[-3] != heads and not params["enable_gqa"]:
+        return "key/value heads differ from query heads without enable_gqa"
+    if params["has_mask"]:
+        m = avals[3]
+        if m.dtype != np.bool_ or any(d != 1 for d in m.shape[:-2]):
+            return f"a boolean (rows, keys) mask shared by all heads, got {m.str_short()}"
+    return None
+
+
+def attention_f32(q, k, v, *mask, has_mask, is_causal, scale, enable_gqa, out=None):
+    """Scaled dot-product attention of a few query rows over a KV cache, key/value heads
+    shared by groups of query heads, one pass over the keys per query head (float32)."""
+    e = q.shape[-1]
+    q3 = np.ascontiguousarray(q.reshape(q.shape[-3:]))
+    k3 = np.ascontiguousarray(k.reshape(k.shape[-3:]))
+    v3 = np.ascontiguousarray(v.reshape(v.shape[-3:]))
+    rows, n = q3.shape[1], k3.shape[1]
+    m = (np.ascontiguousarray(mask[0].reshape(mask[0].shape[-2:])) if has_mask
+         else np.ones((rows, n), np.bool_))
+    if m.shape != (rows, n):
+        m = np.ascontiguousarray(np.broadcast_to(m, (rows, n)))
+    y = np.empty_like(q3) if out is None else out.reshape(q3.shape)
+    attend(q3, k3, v3, m, np.float32(scale if scale is not None else 1.0 / np.sqrt(e)), y)
+    return y.reshape(q.shape) if out is None else out
+
+
 if HAVE_NUMBA:
+    register_kernel("dot_general", NAME, checker=_dot_checker, variant="numba",
+                    writes_out=True, own_pool=True)(dot_f32)
+    register_kernel("dot_general", NAME, checker=_dot_checker, variant="numba-bf16",
+                    writes_out=True, lossy=1e-2, own_pool=True,
+                    prepare=(Prepare(1, to_bf16_bits, "bf16", 0.5),))(dot_bf16)
+    register_kernel("dot_general", NAME, checker=_dot_checker, variant="numba-int8",
+                    writes_out=True, lossy=4e-2, own_pool=True,
+                    prepare=(Prepare(1, to_int8, "int8", 0.25),))(dot_int8)
+    register_kernel("rms_norm", NAME, checker=_rms_norm_checker, variant="numba",
+                    writes_out=True)(rms_norm_f32)
+    register_kernel("scaled_dot_product_attention", NAME, checker=_attention_checker,
+                    variant="numba", writes_out=True)(attention_f32)
+
     register_kernel("linear", NAME, checker=_gemv_checker, variant="numba",
                     writes_out=True, own_pool=True)(linear_f32)
     register_kernel("linear", NAME, checker=_gemv_checker, variant="numba-bf16",
