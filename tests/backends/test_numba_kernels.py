@@ -282,3 +282,35 @@ def test_attention_matches_float64_reference(hk, reps, rows, n, e, seed):
                            enable_gqa=True)
     want = _attention64(q, k, v, mask, scale)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(want).max()))
+
+
+def _plant_plan(store, fn, args, median_s):
+    """Record the heuristic NumPy plan of fn (weights bound) as a measured whole plan."""
+    from tgx.planning import recipes
+    from tgx.planning.heuristic import heuristic_assignment
+    from tgx.planning.options import PlanOptions
+
+    g = tgx.simplify(tgx.make_graph(fn)(*args))
+    dims = {}
+    ghash, wkey = recipes.graph_keys(g, dims)
+    store.add_workload(ghash, {}, [(list(a.shape), a.dtype.name) for a in args])
+    options = PlanOptions(weights=(0,))
+    impl = recipes.record_recipe(store, g, heuristic_assignment(g, ["numpy"]), dims, options,
+                                 "planted")
+    store.add_trace(graph_hash=ghash, impl=impl, workload=wkey, env_id=CostModel(store).env_id,
+                    status="PASSED", median_s=median_s)
+
+
+@pytest.mark.parametrize("plan_s,lossy_chosen", [(1.0, True), (1e-12, False)])
+def test_under_tolerance_a_measured_plan_competes_with_the_lossy_selection(
+        tmp_path, weights, plan_s, lossy_chosen):
+    """A measured whole plan is kept under a tolerance unless the selection holds weights in
+    a lower precision and predicts less time than the plan took."""
+    store = BenchmarkStore(tmp_path / "s.json")
+    _plant(store, _linear, weights, "numba-int8", 1e-6)
+    _plant_plan(store, _linear, weights, plan_s)
+    f = _compile(store, tolerance=5e-2)
+    f(*weights)
+    plan = f._plans[next(iter(f._plans))]
+    assert any(k.lossy for k in plan.kernels) is lossy_chosen
+    assert ("measured plan planted" in plan.policy) is not lossy_chosen
