@@ -303,3 +303,22 @@ def test_relative_error_ignores_elements_near_a_zero_crossing():
     # a real relative error on the large elements is still reported
     bad = golden.astype(np.float32) * np.float32(1.01)
     assert accuracy(bad, golden).max_rel_err == pytest.approx(0.01, rel=1e-3)
+
+
+def test_a_correct_float32_linear_with_a_wide_weight_passes(tmp_path):
+    """The absolute tolerance near zero grows with the contraction length, which for a
+    linear is x's last axis (640 here), not the ratio of the largest input to the output
+    (5 here): that ratio failed every correct float32 kernel of a Gemma head."""
+    import tgx
+    import tgx.nn as tnn
+    from tgx.backends.registry import kernels_for
+    from tgx.planning.cost_model import CostModel
+    from tgx.profiling.pending import profile_kernel
+    from tgx.store import BenchmarkStore
+
+    g = tgx.make_graph(lambda x, w: tnn.linear(x, w))(tgx.Spec((128, 640)),
+                                                      tgx.Spec((8192, 640)))
+    store = BenchmarkStore(tmp_path / "s.json")
+    k = next(k for k in kernels_for("linear", "numpy") if k.variant == "library")
+    rec = profile_kernel(g.eqns[0], k, {}, store, CostModel(store), budget_s=0.01)
+    assert rec["status"] == "PASSED", rec["log"]
