@@ -59,6 +59,10 @@ from .transforms.evaluate import bind_dims, eval_graph, eval_graph_flat
 
 #: plans measured within this fraction of the fastest get extra passes (see
 #: `measure_assignments`)
+#: plans slower than this factor of the best after a round get no further passes (per-pass
+#: figures vary by ±30% on the 2-core CPU; the 18-layer prefill's torch and NumPy plans run
+#: 1.3-1.5x the jax plan)
+FAR = 1.5
 CLOSE = 0.15
 
 
@@ -108,15 +112,26 @@ def explore_kernels(graph: Graph, backends, store, cost_model, dims, budget_s: f
                   key=lambda ek: ek[1].backend)
     bar = Progress(len(todo), enabled=progress)
     start, n, last = time.monotonic(), 0, None
-    for e, k in todo:
-        if time_limit_s is not None and time.monotonic() - start >= time_limit_s:
-            break
-        if last is not None and k.backend != last:
-            time.sleep(0.2)
-        last = k.backend
-        profile_kernel(e, k, dims, store, cost_model, budget_s)  # errors become traces
-        n += 1
-        bar.update(f"{e.primitive.name} on {k.backend}")
+    # random inputs and golden results per workload, whatever the kernel (held for the
+    # sweep: the kernels of one equation are spread over the backends' turns)
+    cache: dict = {}
+    deferred: list = []  # traces, written in batches
+    try:
+        for e, k in todo:
+            if time_limit_s is not None and time.monotonic() - start >= time_limit_s:
+                break
+            if last is not None and k.backend != last:
+                time.sleep(0.2)
+            last = k.backend
+            profile_kernel(e, k, dims, store, cost_model, budget_s, cache, deferred)
+            n += 1
+            if len(deferred) >= 50:
+                store.add_traces(deferred)
+                deferred.clear()
+            bar.update(f"{e.primitive.name} on {k.backend}")
+    finally:
+        if deferred:
+            store.add_traces(deferred)
     bar.close()
     cost_model._measured.clear()
     return n
@@ -167,11 +182,12 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
 
     Plans are timed round-robin: `rounds` passes in a shuffled order, `budget_s` per plan in
     all; each pass first runs the plan for `spin_up_s` untimed, then times it, and a plan's
-    figure is the median of its pass medians; plans within `CLOSE` of the fastest then get
-    twice as many passes again, to tell them apart. The spin-up is what makes passes
-    comparable: thread pools outlive the call that started them (OpenBLAS workers spin
-    ~0.1 s, torch's OpenMP pool, XLA's), so a plan timed right after another would pay for
-    it, while a plan run in a loop pays only for its own pools.
+    figure is the median of its pass medians; after each pass a plan `FAR` slower than
+    the fastest (both at their best pass) gets no further passes, and plans within `CLOSE`
+    of the fastest then get twice as many passes again, to tell them apart. The spin-up is
+    what makes passes comparable: thread pools outlive the call that started them (OpenBLAS
+    workers spin ~0.1 s, torch's OpenMP pool, XLA's), so a plan timed right after another
+    would pay for it, while a plan run in a loop pays only for its own pools.
 
     `time_limit_s`: no further plan is lowered and checked once this much time has passed
     (those measured so far are still timed and recorded); `progress`: a bar on stderr (None:
@@ -216,7 +232,7 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
             # the accuracy check (its quick timing is replaced by the passes below)
             recs[impl] = profile(fn, args, golden=_single(golden), atol=atol, rtol=rtol,
                                  graph_hash=ghash, impl=impl, workload=wkey, env_id=env_id,
-                                 budget_s=0.01)
+                                 budget_s=0.01, warmup=0, max_repeats=1)
         if recs[impl]["status"] == "PASSED":
             # timed as it runs: state buffers updated in place call after call
             runs[impl] = (lambda *xs, run=plan.compiled.run_flat: run(list(xs)))
@@ -224,13 +240,18 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
     rnd = random.Random(0)
 
     def race(order: list, n: int) -> None:
-        for _ in range(n):
+        for r in range(n):
+            if r and order:  # a plan FAR slower than the best at its best pass is out
+                best = min(min(t.median_s for t in passes[i]) for i in order)
+                order = [i for i in order if min(t.median_s for t in passes[i]) <= best * FAR]
             rnd.shuffle(order)
             for impl in order:
                 with np.errstate(all="ignore"), warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)
+                    # the spin-up is time, not a count of calls: three warm-up calls of a
+                    # 0.25 s prefill were 0.75 s per pass, most of an 18-layer explore
                     passes[impl].append(measure(runs[impl], args, budget_s=budget_s / rounds,
-                                                warmup_s=spin_up_s))
+                                                warmup=1, warmup_s=spin_up_s))
 
     bar.close()
     race(list(runs), rounds)

@@ -29,6 +29,7 @@ from ..backends.threads import set_blas_threads
 from ..tracing import GraphBuilder
 from ..transforms.evaluate import concretize
 from .accuracy import DEFAULT_ATOL
+from .accuracy import golden as compute_golden
 from .runner import profile
 
 
@@ -160,16 +161,25 @@ def _symbol_binding(eqn: Any, env: dict) -> dict:
 
 
 def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0, *,
-               cap_each_call: bool = True) -> dict:
+               cap_each_call: bool = True, inputs: dict | None = None) -> dict:
     """A `profile` job: `kernel` on random inputs of `eqn` at `dims`, the primitive's NumPy
     reference (float64 inputs) as golden. A kernel with a pool of its own runs with BLAS on
     one thread, as in a plan: each call capped, or (`cap_each_call=False`) the caller caps
-    the whole job (switching BLAS's pool on and off between calls disturbs the timing)."""
+    the whole job (switching BLAS's pool on and off between calls disturbs the timing).
+    `inputs`: a cache of the random inputs by shapes, shared by the kernels of one equation
+    (drawing a Gemma head's 21M weights took as long as timing a kernel)."""
     env = name_binding(dims)
     syms = _symbol_binding(eqn, env)
     params = {k: concretize(v, syms) for k, v in eqn.params.items()}
-    arrays = list(random_inputs([(concrete_shape(a.aval.shape, env), a.aval.dtype.name)
-                                 for a in eqn.invars if not isinstance(a, Literal)], seed))
+    descs = tuple((tuple(concrete_shape(a.aval.shape, env)), a.aval.dtype.name)
+                  for a in eqn.invars if not isinstance(a, Literal))
+    if inputs is None:
+        drawn = random_inputs(list(descs), seed)
+    else:
+        drawn = inputs.get((descs, seed))
+        if drawn is None:
+            drawn = inputs[(descs, seed)] = random_inputs(list(descs), seed)
+    arrays = list(drawn)
     args = [np.asarray(a.val, a.aval.dtype) if isinstance(a, Literal) else arrays.pop(0)
             for a in eqn.invars]
     backend = get_backend(kernel.backend)
@@ -183,7 +193,8 @@ def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0, *,
     if kernel.own_pool and cap_each_call:  # BLAS on one thread (tgx.backends.threads)
         fn = _blas_capped(fn)
     ref = functools.partial(eqn.primitive.impl, **params)
-    job = {"fn": fn, "args": bargs, "golden": ref if eqn.primitive.impl else None,
+    job = {"fn": fn, "args": bargs, "host_args": tuple(args),
+           "golden": ref if eqn.primitive.impl else None,
            "dtype": out_aval.dtype, "sync": kernel.backend,
            "atol": reduction_atol(eqn, args, out_shape, out_aval.dtype)}
     if kernel.own_pool:
@@ -199,7 +210,7 @@ def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0, *,
 
 
 #: untimed calls before timing a kernel with a thread pool of its own (see `kernel_job`)
-OWN_POOL_WARMUP_S = 0.05
+OWN_POOL_WARMUP_S = 0.03
 #: Operands at least this large are timed cold: in a model each layer reads its own weights,
 #: which a loop over one copy would keep in the cache (a 2048x640 float32 GEMV: 37 µs hot,
 #: ~230 µs streamed from memory, as decode runs it).
@@ -275,34 +286,60 @@ def reduction_atol(eqn: Any, args: list, out_shape: tuple, dtype: Any) -> float 
 
 
 def profile_kernel(eqn: Any, kernel: Any, dims: dict, store: Any, cost_model: Any,
-                   budget_s: float = 0.05) -> dict:
-    """Profile `kernel` on `eqn` at `dims`; record the trace under the cost model's keys."""
-    ghash, axes, inputs = cost_model.workload(eqn, dims)
-    wkey = store.add_workload(ghash, axes, inputs)
-    job = kernel_job(eqn, kernel, dims, cap_each_call=False)
+                   budget_s: float = 0.05, cache: dict | None = None,
+                   deferred: list | None = None) -> dict:
+    """Profile `kernel` on `eqn` at `dims`; record the trace under the cost model's keys.
+
+    For a sweep over many kernels (`tgx.explore`): `cache`, a dict shared by the calls, keeps
+    the random inputs and the golden result of each workload (the kernels of one equation
+    share both: the float64 golden of an 18-layer prefill's head took ~0.3 s per kernel);
+    `deferred`, a list the trace is appended to instead of being written (the caller writes
+    them at once with `store.add_traces`: one store write per trace was 2.4 s of an explore)."""
+    ghash, axes, descs = cost_model.workload(eqn, dims)
+    wkey = store.add_workload(ghash, axes, descs)
+    inputs = None if cache is None else cache.setdefault("inputs", {})
+    goldens = None if cache is None else cache.setdefault("goldens", {})
+    job = kernel_job(eqn, kernel, dims, cap_each_call=False, inputs=inputs)
+    if goldens is not None and callable(job["golden"]):
+        key = (ghash, wkey)
+        if key not in goldens:
+            try:
+                goldens[key] = compute_golden(job["golden"], job["host_args"])
+            except Exception:  # the profiler reports a failing reference itself
+                goldens[key] = job["golden"]
+        job["golden"] = goldens[key]
     store.add_implementation("KERNEL", kernel.label, kernel.backend, kernel.source_hash)
     # Random inputs may leave an op's domain (sqrt of a negative): the golden result has the
     # NaN in the same place, so the trace is still right; the warnings are noise.
     impl, env_id = cost_model.impl_key(kernel), cost_model.env_id
     if not kernel.own_pool:
-        if not _competes_with_own_pool(eqn, kernel):
-            return _profile_job(job, store, ghash, impl, wkey, env_id, budget_s)
-        # a plan that runs the generated kernel elsewhere caps BLAS: time this one so too
-        prev = set_blas_threads(1)
+        # a plan that runs a generated kernel elsewhere caps BLAS: time a competitor so too
+        prev = set_blas_threads(1) if _competes_with_own_pool(eqn, kernel) else None
         try:
-            return _profile_job(job, store, ghash, impl, wkey, env_id, budget_s)
+            rec = _profile_job(job, None, ghash, impl, wkey, env_id, budget_s)
         finally:
-            set_blas_threads(prev)
-    # As a plan runs it: BLAS on one thread. Twice, keeping the faster: a kernel that needs
-    # every core waits out any other runnable thread (on the 2-core CPU, 1 in ~18 figures
-    # came out at 5-8 ms for a 0.05 ms GEMV, each time for the whole measurement).
+            if prev is not None:
+                set_blas_threads(prev)
+        return _record(store, rec, deferred)
+    # As a plan runs it: BLAS on one thread. Twice (half the budget each), keeping the
+    # faster: a kernel that needs every core waits out any other runnable thread (on the
+    # 2-core CPU, 1 in ~18 figures came out at 5-8 ms for a 0.05 ms GEMV, each time for the
+    # whole measurement).
     prev = set_blas_threads(1)
     try:
-        recs = [_profile_job(job, None, ghash, impl, wkey, env_id, budget_s) for _ in range(2)]
+        recs = [_profile_job(job, None, ghash, impl, wkey, env_id, budget_s / 2)
+                for _ in range(2)]
     finally:
         set_blas_threads(prev)
     rec = min(recs, key=lambda r: (r["status"] != "PASSED", r.get("median_s") or math.inf))
-    store.add_trace(**rec)
+    return _record(store, rec, deferred)
+
+
+def _record(store, rec: dict, deferred: list | None) -> dict:
+    if deferred is None:
+        store.add_trace(**rec)
+    else:
+        deferred.append(rec)
     return rec
 
 
@@ -347,6 +384,7 @@ def flagged_jobs(store: Any, env_id: str) -> tuple[list[dict], list[str]]:
         store.add_workload(rec["graph_hash"], desc.get("axes", {}), inputs)
         store.add_implementation("KERNEL", kd.get("label", k.name), k.backend, k.source_hash)
         job = kernel_job(eqn, k, {})
+        job.pop("host_args")
         job.update(graph_hash=rec["graph_hash"], impl=rec["impl"], workload=rec["workload"],
                    env_id=env_id)
         jobs.append(job)
