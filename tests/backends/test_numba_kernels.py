@@ -104,11 +104,12 @@ def _linear(w, x):
     return tnn.linear(x, w)
 
 
-def _plant(store, fn, args, variant, seconds=1e-9):
-    """Record `variant` of `linear` as measured at `seconds` for fn's (one) linear."""
+def _plant(store, fn, args, variant, seconds=1e-9, name="linear"):
+    """Record `variant` of primitive `name` as measured at `seconds` for fn's (one) such
+    equation."""
     g = tgx.simplify(tgx.make_graph(fn)(*args))
-    eqn = next(e for e in g.eqns if e.primitive.name == "linear")
-    kernel = next(k for k in kernels_for("linear", "numpy") if k.variant == variant)
+    eqn = next(e for e in g.eqns if e.primitive.name == name)
+    kernel = next(k for k in kernels_for(name, "numpy") if k.variant == variant)
     cm = CostModel(store)
     ghash, axes, inputs = cm.workload(eqn, {})
     wkey = store.add_workload(ghash, axes, inputs)
@@ -314,3 +315,20 @@ def test_under_tolerance_a_measured_plan_competes_with_the_lossy_selection(
     plan = f._plans[next(iter(f._plans))]
     assert any(k.lossy for k in plan.kernels) is lossy_chosen
     assert ("measured plan planted" in plan.policy) is not lossy_chosen
+
+
+def test_a_hand_written_x_at_w_transposed_gets_the_same_kernels(tmp_path, weights):
+    """`x @ w.T` written by hand simplifies to a dot_general: the generated GEMVs serve it,
+    its weight held in int8 like a `linear`'s."""
+    store = BenchmarkStore(tmp_path / "s.json")
+    fn = lambda w, x: x @ w.T  # noqa: E731
+    _plant(store, fn, weights, "numba-int8", name="dot_general")
+    f = tgx.compile(fn, weights="w", backends=["numpy"], store=store, tolerance=5e-2)
+    w, x = weights
+    y = f(w, x)
+    plan = f._plans[next(iter(f._plans))]
+    assert [repr(k) for k in plan.kernels] == ["dot_general[numba-int8]@numpy"]
+    assert plan.precision.kept and plan.precision.held[0][1] == "int8"
+    q, scale = nk.to_int8(w)
+    want = x.astype(np.float64) @ (q * scale[:, None].astype(np.float64)).T
+    _close(y, want, w.shape[1])

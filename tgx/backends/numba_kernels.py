@@ -1,5 +1,5 @@
-"""Kernels tgx generates with numba: GEMVs that stream weights, in float32 or held in a lower
-precision, for the rows-few products of decoding, and decode's RMSNorm and attention.
+"""Kernels tgx generates with numba: GEMVs that stream weights (in float32, or held in a lower
+precision) for decoding's products of a few rows, and decode's RMSNorm and attention.
 
 Decode is bound by streaming the weights once per token (Gemma-3-270m: ~480 MB of float32
 per step). These kernels run `linear` (y = x @ w.T + b) with few rows of `x` as a parallel
@@ -256,15 +256,18 @@ def _dot_checker(avals, params):
     return _gemv_checker(avals, params)
 
 
-def dot_f32(x, w, *, dimension_numbers, preferred_element_type=None, out=None):
+def dot_f32(x, w, *, dimension_numbers, out=None):
+    """`x @ w.T` as a dot_general (see `linear_f32`)."""
     return linear_f32(x, w, out=out)
 
 
-def dot_bf16(x, w_bits, *, dimension_numbers, preferred_element_type=None, out=None):
+def dot_bf16(x, w_bits, *, dimension_numbers, out=None):
+    """`x @ w.T` with `w` held as bfloat16 bits (see `linear_bf16`)."""
     return linear_bf16(x, w_bits, out=out)
 
 
-def dot_int8(x, w_q, *, dimension_numbers, preferred_element_type=None, out=None):
+def dot_int8(x, w_q, *, dimension_numbers, out=None):
+    """`x @ w.T` with `w` held as int8 and per-channel scales (see `linear_int8`)."""
     return linear_int8(x, w_q, out=out)
 
 
