@@ -232,7 +232,7 @@ def test_plan_with_generated_kernels_caps_blas_while_it_runs(tmp_path, weights, 
     def spy(n):
         seen.append(n)
         return real(n)
-    monkeypatch.setattr("tgx.runtime.compiled.set_blas_threads", spy)
+    monkeypatch.setattr("tgx.backends.threads.set_blas_threads", spy)
     f(w, x)
     plan = f._plans[next(iter(f._plans))]
     assert [k.variant for k in plan.kernels] == ["numba"]
@@ -332,3 +332,32 @@ def test_a_hand_written_x_at_w_transposed_gets_the_same_kernels(tmp_path, weight
     q, scale = nk.to_int8(w)
     want = x.astype(np.float64) @ (q * scale[:, None].astype(np.float64)).T
     _close(y, want, w.shape[1])
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.booleans(), min_size=1, max_size=12))
+def test_overlapping_holds_of_the_blas_cap_restore_once(steps):
+    """Plans running at once (threads) share the cap: whatever the interleaving of holds and
+    releases, BLAS stays capped while any hold is open and is restored by the last release."""
+    from tgx.backends.threads import (
+        blas_threads,
+        hold_one_blas_thread,
+        release_blas_threads,
+        set_blas_threads,
+    )
+
+    before = blas_threads()
+    open_ = 0
+    try:
+        for hold in steps + [False] * len(steps):
+            if hold:
+                hold_one_blas_thread()
+                open_ += 1
+            elif open_:
+                release_blas_threads()
+                open_ -= 1
+            assert blas_threads() == (before if not open_ else [1] * len(before))
+    finally:
+        for _ in range(open_):
+            release_blas_threads()
+        set_blas_threads(before)

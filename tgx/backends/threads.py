@@ -17,7 +17,14 @@ True
 
 from __future__ import annotations
 
+import threading
+
 _LIBS: list | None = None
+# plans running at once in several threads share the cap: the first sets it, the last
+# restores what was there before (a plain set/restore per call could leave BLAS capped)
+_LOCK = threading.Lock()
+_HOLDERS = 0
+_SAVED: list[int] = []
 
 
 def _blas() -> list:
@@ -46,3 +53,23 @@ def set_blas_threads(n: int | list[int]) -> list[int]:
         if want != prev[i]:
             lib.set_num_threads(want)
     return prev
+
+
+def hold_one_blas_thread() -> None:
+    """Cap BLAS to one thread until the matching `release_blas_threads` (nested and
+    concurrent holds share the cap; the last release restores the counts from before the
+    first hold)."""
+    global _HOLDERS, _SAVED
+    with _LOCK:
+        if _HOLDERS == 0:
+            _SAVED = set_blas_threads(1)
+        _HOLDERS += 1
+
+
+def release_blas_threads() -> None:
+    """End one `hold_one_blas_thread`."""
+    global _HOLDERS
+    with _LOCK:
+        _HOLDERS -= 1
+        if _HOLDERS == 0:
+            set_blas_threads(_SAVED)

@@ -32,7 +32,7 @@ from ..shapes import ShapedArray, eval_dim, shape_str
 from ..transforms.evaluate import bind_dims
 from .codegen import RunFunction, generate
 from .memory import ALIGNMENT
-from ..backends.threads import set_blas_threads
+from ..backends.threads import hold_one_blas_thread, release_blas_threads
 
 # Bindings kept specialized at once (each owns a workspace sized for its dims).
 MAX_SPECIALIZATIONS = 16
@@ -135,7 +135,7 @@ class CompiledGraph:
         #: whether torch tensors are accepted as state (set by the Plan: return_backend_arrays)
         self.state_backend_arrays = False
         #: BLAS threads while a call runs (None: as they are); 1 when kernels with a pool of
-        #: their own run (`tgx.backends.threads`)
+        #: their own run (`tgx.backends.threads`; only 1 is supported)
         self.blas_threads = None
 
     # -- weights ----------------------------------------------------------------------------
@@ -324,7 +324,9 @@ class CompiledGraph:
         for a, (shape, dtype) in zip(args, spec.shapes):
             if a.shape != shape or a.dtype != dtype:
                 self._raise_mismatch(args, spec.shapes)
-        prev = None if self.blas_threads is None else set_blas_threads(self.blas_threads)
+        capped = self.blas_threads is not None
+        if capped:
+            hold_one_blas_thread()
         try:  # no cost on the hot path (zero-cost exceptions); the context on failure
             outs = spec.run.fn(args, self._bound)
         except Exception as e:
@@ -333,8 +335,8 @@ class CompiledGraph:
                 raise
             raise err from e
         finally:
-            if prev is not None:
-                set_blas_threads(prev)
+            if capped:
+                release_blas_threads()
         if objs is not None:
             self._write_state(args, objs, outs)
         return outs
