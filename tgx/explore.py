@@ -86,15 +86,13 @@ def _all_equations(graph: Graph):
 
 def unmeasured(graph: Graph, backends, store, cost_model, dims) -> list[tuple]:
     """(equation, kernel) for every candidate kernel of `graph` and its decompositions that
-    the store has no trace of at `dims` on this machine. Lossy kernels only where the cost
-    model's tolerance admits them (an explore without `tolerance=` cannot choose them)."""
+    the store has no trace of at `dims` on this machine (lossy kernels too: a later
+    `tolerance=` compile chooses from these figures)."""
     todo = []
     for e in _all_equations(graph):
         ghash, wkey = cost_model.keys(e, dims)
         for b in backends:
             for k in accepted_kernels(e, b):
-                if k.lossy is not None and cost_model.tolerance is None:
-                    continue
                 if not store.measured(ghash, cost_model.impl_key(k), wkey, cost_model.env_id):
                     todo.append((e, k))
     return todo
