@@ -108,7 +108,7 @@ def explore_kernels(graph: Graph, backends, store, cost_model, dims, budget_s: f
     # spin for up to ~0.1 s after its last call (OpenBLAS, torch's OpenMP pool), and a kernel
     # of another library timed meanwhile competes with them for the cores (a 256x256 torch
     # matmul right after NumPy ones was measured at 8 ms instead of 0.3 ms). Golden results
-    # run with BLAS on one thread for the same reason (`profiling.accuracy.one_blas_thread`).
+    # run with BLAS on one thread for the same reason (`tgx.backends.threads.one_blas_thread`).
     todo = sorted(unmeasured(graph, backends, store, cost_model, dims),
                   key=lambda ek: ek[1].backend)
     bar = Progress(len(todo), enabled=progress)

@@ -335,25 +335,20 @@ def attention_f32(q, k, v, *mask, has_mask, is_causal, scale, enable_gqa, out=No
     return y.reshape(q.shape) if out is None else out
 
 
+# the GEMVs, each for `linear` and for `x @ w.T`: (variant, lossy, held form, kernels)
+_GEMVS = (
+    ("numba", None, (), linear_f32, dot_f32),
+    ("numba-bf16", 1e-2, (Prepare(1, to_bf16_bits, "bf16", 0.5),), linear_bf16, dot_bf16),
+    ("numba-int8", 4e-2, (Prepare(1, to_int8, "int8", 0.25),), linear_int8, dot_int8),
+)
+
 if HAVE_NUMBA:
-    register_kernel("dot_general", NAME, checker=_dot_checker, variant="numba",
-                    writes_out=True, own_pool=True)(dot_f32)
-    register_kernel("dot_general", NAME, checker=_dot_checker, variant="numba-bf16",
-                    writes_out=True, lossy=1e-2, own_pool=True,
-                    prepare=(Prepare(1, to_bf16_bits, "bf16", 0.5),))(dot_bf16)
-    register_kernel("dot_general", NAME, checker=_dot_checker, variant="numba-int8",
-                    writes_out=True, lossy=4e-2, own_pool=True,
-                    prepare=(Prepare(1, to_int8, "int8", 0.25),))(dot_int8)
+    for _variant, _lossy, _prepare, _linear, _dot in _GEMVS:
+        for _name, _checker, _fn in (("linear", _gemv_checker, _linear),
+                                     ("dot_general", _dot_checker, _dot)):
+            register_kernel(_name, NAME, checker=_checker, variant=_variant, writes_out=True,
+                            lossy=_lossy, own_pool=True, prepare=_prepare)(_fn)
     register_kernel("rms_norm", NAME, checker=_rms_norm_checker, variant="numba",
                     writes_out=True)(rms_norm_f32)
     register_kernel("scaled_dot_product_attention", NAME, checker=_attention_checker,
                     variant="numba", writes_out=True)(attention_f32)
-
-    register_kernel("linear", NAME, checker=_gemv_checker, variant="numba",
-                    writes_out=True, own_pool=True)(linear_f32)
-    register_kernel("linear", NAME, checker=_gemv_checker, variant="numba-bf16",
-                    writes_out=True, lossy=1e-2, own_pool=True,
-                    prepare=(Prepare(1, to_bf16_bits, "bf16", 0.5),))(linear_bf16)
-    register_kernel("linear", NAME, checker=_gemv_checker, variant="numba-int8",
-                    writes_out=True, lossy=4e-2, own_pool=True,
-                    prepare=(Prepare(1, to_int8, "int8", 0.25),))(linear_int8)

@@ -17,7 +17,9 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 
 _LIBS: list | None = None
 # plans running at once in several threads share the cap: the first sets it, the last
@@ -73,3 +75,14 @@ def release_blas_threads() -> None:
         _HOLDERS -= 1
         if _HOLDERS == 0:
             set_blas_threads(_SAVED)
+
+
+@contextlib.contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """A context in which BLAS runs on one thread (a `hold_one_blas_thread` for its
+    duration: nested and concurrent uses share it)."""
+    hold_one_blas_thread()
+    try:
+        yield
+    finally:
+        release_blas_threads()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from tgx.backends.threads import one_blas_thread
 from tgx.store import Status
 
 #: |ref| below this is "near zero": excluded from the relative error, and the absolute
@@ -94,30 +94,16 @@ def golden_inputs(args: Any) -> Any:
     return _map(cast, args)
 
 
-@functools.cache
-def _blas_controller():
-    # imported here: threadpoolctl inspects every loaded BLAS library when it loads
-    from threadpoolctl import ThreadpoolController
-
-    return ThreadpoolController()
-
-
-def one_blas_thread():
-    """A context in which NumPy's BLAS runs on one thread.
-
-    Golden results are computed in it: OpenBLAS's worker threads spin for ~0.1 s after a
-    multi-threaded call, and a torch kernel timed meanwhile stalls on the cores they hold (a
-    5 µs torch.sum measured 8 ms right after a 256×256 float64 matmul on a 2-core CPU)."""
-    return _blas_controller().limit(limits=1, user_api="blas")
-
-
 def golden(fn_numpy: Callable, args: Any) -> Any:
     """``fn_numpy(*golden_inputs(args))`` with floating results as float64 arrays (BLAS on
-    one thread: see `one_blas_thread`).
+    one thread: `tgx.backends.threads.one_blas_thread`).
 
     >>> golden(np.exp, (np.float32([0.0]),))
     array([1.])
     """
+    # OpenBLAS's worker threads spin for ~0.1 s after a multi-threaded call, and a torch
+    # kernel timed meanwhile stalls on the cores they hold (a 5 µs torch.sum measured 8 ms
+    # right after a 256×256 float64 matmul on a 2-core CPU)
     with one_blas_thread():
         out = fn_numpy(*golden_inputs(tuple(args)))
     return _map(lambda y: np.asarray(y, np.float64) if _is_float(np.asarray(y).dtype)

@@ -11,6 +11,7 @@ Inputs are drawn from the workload's input descriptors with a fixed seed.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import math
@@ -25,7 +26,7 @@ from ..backends.registry import kernels_for
 from ..core import Literal, primitive_by_name
 from ..shapes import DTYPES, ShapedArray, concrete_shape, name_binding
 from ..store.schema import implementation_key
-from ..backends.threads import set_blas_threads
+from ..backends.threads import one_blas_thread
 from ..tracing import GraphBuilder
 from ..transforms.evaluate import concretize
 from .accuracy import DEFAULT_ATOL
@@ -239,11 +240,8 @@ def _cold(fn, args: tuple, backend):
 
 def _blas_capped(fn):
     def capped(*args):
-        prev = set_blas_threads(1)
-        try:
+        with one_blas_thread():
             return fn(*args)
-        finally:
-            set_blas_threads(prev)
     return capped
 
 
@@ -316,23 +314,17 @@ def profile_kernel(eqn: Any, kernel: Any, dims: dict, store: Any, cost_model: An
     impl, env_id = cost_model.impl_key(kernel), cost_model.env_id
     if not kernel.own_pool:
         # a plan that runs a generated kernel elsewhere caps BLAS: time a competitor so too
-        prev = set_blas_threads(1) if _competes_with_own_pool(eqn, kernel) else None
-        try:
+        with (one_blas_thread() if _competes_with_own_pool(eqn, kernel)
+              else contextlib.nullcontext()):
             rec = _profile_job(job, None, ghash, impl, wkey, env_id, budget_s)
-        finally:
-            if prev is not None:
-                set_blas_threads(prev)
         return _record(store, rec, deferred)
     # As a plan runs it: BLAS on one thread. Twice (half the budget each), keeping the
     # faster: a kernel that needs every core waits out any other runnable thread (on the
     # 2-core CPU, 1 in ~18 figures came out at 5-8 ms for a 0.05 ms GEMV, each time for the
     # whole measurement).
-    prev = set_blas_threads(1)
-    try:
+    with one_blas_thread():
         recs = [_profile_job(job, None, ghash, impl, wkey, env_id, budget_s / 2)
                 for _ in range(2)]
-    finally:
-        set_blas_threads(prev)
     rec = min(recs, key=lambda r: (r["status"] != "PASSED", r.get("median_s") or math.inf))
     return _record(store, rec, deferred)
 
