@@ -62,6 +62,8 @@ _LAZY = {
     "BenchmarkStore": "tgx.store",
     "profile": "tgx.profiling",
     "paths": "tgx.explore",
+    "register_kernel": "tgx.kernels",
+    "unregister_kernel": "tgx.kernels",
 }
 
 

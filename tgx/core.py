@@ -475,9 +475,13 @@ def pp_eqn(eqn: Eqn, name: Callable | None = None, indent: int = 0) -> str:
     name = name or var_namer()
     outs = " ".join(f"{name(v)}:{v.aval.str_short()}" for v in eqn.outvars)
     params = ""
-    if eqn.params:
+    shown = dict(eqn.params)
+    if eqn.primitive.name == "fused" and shown.get("name", "fused") != "fused":
+        # a pattern occurrence (the patterns stage): its name says what the body is
+        shown = {"name": shown["name"], "eqns": len(shown["graph"].eqns)}
+    if shown:
         params = "[" + " ".join(f"{k}={_fmt_param(v, indent)}"
-                                for k, v in eqn.params.items()) + "]"
+                                for k, v in shown.items()) + "]"
     ins = " ".join(name(x) for x in eqn.invars)
     return f"{outs} = {eqn.primitive.name}{params} {ins}".rstrip()
 

@@ -165,7 +165,8 @@ def candidate_assignments(graph: Graph, backends: Sequence[str], cost_model, dim
     for n in range(2, len(backends) + 1):
         for subset in itertools.combinations(backends, n):
             add("+".join(subset), lambda subset=subset: realize(
-                select(graph, list(subset), cost_model, dims, weights=options.weights),
+                select(graph, list(subset), cost_model, dims, weights=options.weights,
+                       patterns=options.patterns),
                 "explore"))
     return out
 

@@ -1,9 +1,12 @@
 """The compile pipeline: a traced graph → a `Plan`, as a list of named stages.
 
-    traced ─simplify─▶ graph ─select─▶ Assignment ─rebackend─▶ copies ─schedule─▶ run order
-           ─lower─▶ instructions ─buffers─▶ memory plan ─▶ Plan
+    traced ─simplify─▶ graph ─patterns─▶ graph ─select─▶ Assignment ─rebackend─▶ copies
+           ─schedule─▶ run order ─lower─▶ instructions ─buffers─▶ memory plan ─▶ Plan
 
 - simplify: `tgx.simplify` (rules as data; nothing unsafe).
+- patterns: each occurrence of a pattern kernel's pattern becomes one `fused` equation whose
+  candidates are the kernels and the op-by-op body (`tgx.planning.kernel_patterns`); the
+  selection chooses between them, as for any equation.
 - select: the policy's planner — HEURISTIC (`planning.heuristic`), FASTEST
   (`planning.fastest`: a measured whole plan, else the selection), or EXPLORE
   (`tgx.explore`: measure first, then FASTEST). Each returns an `Assignment`.
@@ -34,13 +37,14 @@ from .plan import Plan
 from .planning.assignment import Assignment
 from .planning.fastest import fastest_assignment
 from .planning.heuristic import heuristic_assignment
+from .planning.kernel_patterns import match_patterns
 from .planning.options import PlanOptions
 from .shapes import hint_binding
 from .store import as_store
 from .transforms.simplify import simplify
 
 #: the stages `plan_graph` runs, in order (the lowering's four are `lower_assignment`'s)
-STAGES = ("traced", "simplify", "select", "rebackend", "schedule", "lower", "buffers")
+STAGES = ("traced", "simplify", "patterns", "select", "rebackend", "schedule", "lower", "buffers")
 
 
 def plan_graph(graph: Graph, options: PlanOptions | None = None, **kw) -> Plan:
@@ -60,18 +64,25 @@ def plan_graph(graph: Graph, options: PlanOptions | None = None, **kw) -> Plan:
         options = replace(options, **kw)
     backends = check_backends(options.backends, options.device)
     stages: list = [("traced", graph)]
-    g = transform(graph, options)
+    g = simplify(graph) if options.simplify else graph
     stages.append(("simplify", g))
+    if options.patterns:
+        g = match_patterns(g, backends)
+    stages.append(("patterns", g))
     assignment = select(g, options, backends)
     stages.append(("select", assignment))
     return lower_assignment(assignment, options, source_graph=graph, stages=stages)
 
 
 def transform(graph: Graph, options: PlanOptions | None = None) -> Graph:
-    """The transforms stage: the graph the planners see (`tgx.simplify`d unless
-    `options.simplify` is False). Measured whole plans are keyed by this graph, so code that
-    measures plans for `tgx.compile` measures `transform(graph)`."""
-    return simplify(graph) if options is None or options.simplify else graph
+    """The graph the planners see: `graph` through the simplify and patterns stages (as
+    `options` say). Measured whole plans are keyed by this graph, so code that measures
+    plans for `tgx.compile` measures `transform(graph)`."""
+    options = options or PlanOptions()
+    g = simplify(graph) if options.simplify else graph
+    if options.patterns:
+        g = match_patterns(g, check_backends(options.backends, options.device))
+    return g
 
 
 def select(graph: Graph, options: PlanOptions, backends) -> Assignment:

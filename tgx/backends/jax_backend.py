@@ -256,8 +256,8 @@ class JaxBackend(Backend):
                 args = [jnp.asarray(a.val, a.aval.dtype) if isinstance(a, Literal) else env[a.id]
                         for a in e.invars]
                 r = fn(*args, **params)
-                if not e.primitive.multiple_results:
-                    r = [r]
+                if not e.primitive.multiple_results or not isinstance(r, (list, tuple)):
+                    r = [r]  # (a pattern kernel of one output returns it bare)
                 for v, o in zip(e.outvars, r):
                     env[v.id] = o
             return tuple(env[i] for i in out_ids)

@@ -136,7 +136,9 @@ def _fresh_out(kernel, params, aval, dims, backend):
 
 def _region(backend: str, eqns, kernels, in_vars, out_vars):
     def build(dims, out):
-        steps = [(k.fn, _params(e, dims), e) for e, k in zip(eqns, kernels)]
+        # a pattern kernel takes the matched inputs only (`Kernel.bind`)
+        steps = [(k.fn, {} if k.pattern is not None else _params(e, dims), e)
+                 for e, k in zip(eqns, kernels)]
         return get_backend(backend).region(steps, [v.id for v in in_vars],
                                            [v.id for v in out_vars])
     return build

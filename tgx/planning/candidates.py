@@ -22,6 +22,7 @@ from ..backends import available_backends, backend_available, unavailable_reason
 from ..backends.registry import Kernel, kernels_for
 from ..core import Eqn
 from ..transforms.evaluate import concretize
+from .kernel_patterns import accepting_pattern_kernels, pattern_name
 
 # Variants in the order the heuristic prefers them: a library's dedicated kernel, then a
 # kernel writing into the workspace, then the plain kernel.
@@ -79,6 +80,8 @@ def accepted_kernels(eqn: Eqn, backend: str, declined: list | None = None,
         if declined is not None:
             declined.append((backend, unavailable_reason(backend)))
         return []
+    if pattern_name(eqn) is not None:  # an occurrence of a pattern (the patterns stage)
+        return accepting_pattern_kernels(eqn, backend, declined)
     avals = [x.aval for x in eqn.invars]
     params = dict(eqn.params)
     if dims:

@@ -34,7 +34,8 @@ class PlanOptions:
     `weights`: indices of the graph inputs that are weights (bound once per array object);
     `state`: (input index, output index) pairs of state buffers; `in_names`: the argument
     names errors use; `dims`: the binding the measured policies choose at (default: every
-    symbol at the hint, 64); `simplify`: run `tgx.simplify` before selecting;
+    symbol at the hint, 64); `simplify`: run `tgx.simplify` before selecting; `patterns`:
+    offer pattern kernels where their patterns occur (`tgx.planning.kernel_patterns`);
     `explore_budget`: seconds EXPLORE may spend measuring (None: until done);
     `lossy_below`: under `tolerance`, kernels holding weights in a lower precision may be
     chosen when the error they promise (`Kernel.lossy`) is below this (`tgx.compile` lowers
@@ -53,6 +54,7 @@ class PlanOptions:
     weights: tuple[int, ...] = ()
     state: tuple[tuple[int, int], ...] = ()
     simplify: bool = True
+    patterns: bool = True
     explore_budget: float | None = None
     lossy_below: float = math.inf
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import math
 
-from ..core import Eqn, Graph, Literal, Params, Var
-from ..primitives.fused import fused_p
-from ..tracing import GraphBuilder
+from ..core import Eqn, Graph, Literal, Var
 from .candidates import Candidate
 
 ANY = "*"  # the backend of a decomposition in `Level.backend_table`: its kernels may be anywhere
@@ -42,13 +40,14 @@ class Level:
     """The choices of one graph: a unit per equation (None for `copy_to`: no choice) and the
     pattern occurrences, with every compatible set of occurrences."""
 
-    def __init__(self, graph: Graph, paths, depth: int):
+    def __init__(self, graph: Graph, paths, depth: int, patterns: bool = True):
         self.graph = graph
         self.depth = depth
         self.consts = {v.id: c for v, c in zip(graph.constvars, graph.consts)}
         self.eqn_units: list[Unit | None] = [paths._eqn_unit(e, i, depth)
                                              for i, e in enumerate(graph.eqns)]
-        self.matches: list[Unit] = paths._pattern_units(graph) if paths.patterns else []
+        self.matches: list[Unit] = \
+            paths._pattern_units(graph) if paths.patterns and patterns else []
         self.subsets = _compatible_subsets([set(m.covers) for m in self.matches])
         self._units: dict = {}
         self._count: int | None = None
@@ -241,30 +240,3 @@ def _lower_bounds(level: Level, paths) -> float:
             per_eqn[i] = min(per_eqn[i], share)
     level.lb = sum(per_eqn)
     return level.lb
-
-
-def _fused_eqn(graph: Graph, match, name: str) -> Eqn:
-    """A `fused` equation standing for the matched equations (body: those equations)."""
-    consts = {v.id: c for v, c in zip(graph.constvars, graph.consts)}
-    with GraphBuilder() as b:
-        args, env = [], {}
-        for x in match.inputs:
-            t = b.new_arg(x.aval, getattr(x, "hint", None))
-            args.append(t)
-            if isinstance(x, Var):
-                env[x.id] = t
-
-        def read(a):
-            if isinstance(a, Literal):
-                return a
-            return env[a.id] if a.id in env else consts[a.id]
-
-        for i in match.eqns:
-            e = graph.eqns[i]
-            outs = e.primitive.bind(*[read(a) for a in e.invars], **e.params)
-            outs = outs if e.primitive.multiple_results else [outs]
-            for v, o in zip(e.outvars, outs):
-                env[v.id] = o
-        body = b.build([t.variable for t in args], [read(o) for o in match.outputs])
-    return Eqn(fused_p, tuple(match.inputs), tuple(match.outputs),
-               Params(graph=body, name=name), graph.eqns[match.root].source_info)

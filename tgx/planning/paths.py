@@ -57,7 +57,8 @@ from .assignment import Assignment
 from .candidates import Candidate, candidates
 from .cost_model import CostModel
 from .path_count import count_within_transfers
-from .path_space import ANY, Level, Unit, _fused_eqn, _lower_bounds
+from .kernel_patterns import fused_equation, pattern_name
+from .path_space import ANY, Level, Unit, _lower_bounds
 from .path_space import resolve_alias as _resolve
 from .transfers import copy_source
 
@@ -205,7 +206,9 @@ class Paths:
                 and (self._keep is None or self._keep(c.kernel))]
         sub = None
         if eqn.primitive.decomposition is not None and (self.decompose or not opts):
-            sub = Level(decomposition_graph(eqn), self, depth + 1)
+            # the body of a pattern occurrence: its op-by-op form, not searched again
+            sub = Level(decomposition_graph(eqn), self, depth + 1,
+                        patterns=pattern_name(eqn) is None)
             opts.append(Candidate("decomposition"))
         return Unit(eqn, opts, sub, (index,), index)
 
@@ -216,7 +219,7 @@ class Paths:
         units = []
         for ks in by_pattern.values():
             for m in find_pattern(graph, ks[0].pattern):
-                eqn = _fused_eqn(graph, m, ks[0].name)
+                eqn = fused_equation(graph, m, ks[0].name)
                 avals = [x.aval for x in m.inputs]
                 opts = [Candidate("pattern", k.backend, k) for k in ks
                         if k.check(avals, {}) is None]

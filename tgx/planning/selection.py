@@ -41,6 +41,7 @@ from ..transforms.rewrite import eval_into, rebind, transform_graph
 from .assignment import Assignment
 from .candidates import Candidate, candidates
 from .cost_model import CostModel, Estimate
+from .kernel_patterns import match_patterns, pattern_name
 
 # Above this many DP states per step (live values x backends x copies) the exact frontier DP
 # gives way to DP + local improvement.
@@ -115,8 +116,10 @@ def check_tolerance(graph: Graph, tolerance: float | None) -> None:
 
 
 class _Selector:
-    def __init__(self, backends, cm: CostModel, dims, free=()):
+    def __init__(self, backends, cm: CostModel, dims, free=(), patterns: bool = False):
         self.backends = list(backends)
+        # decompositions are searched for pattern kernels of every allowed backend
+        self.patterns = list(backends) if patterns else None
         self.cm = cm
         self.dims = dims
         self.free = frozenset(free)  # value ids whose transfers are free (bound weights)
@@ -175,7 +178,10 @@ class _Selector:
     def _sub_graph(self, eqn):
         key = _eqn_key(eqn)
         if key not in self._subs:
-            self._subs[key] = decomposition_graph(eqn)
+            sub = decomposition_graph(eqn)
+            if self.patterns is not None and pattern_name(eqn) is None:
+                sub = match_patterns(sub, self.patterns)  # a pattern's body: not again
+            self._subs[key] = sub
         return self._subs[key]
 
     def decomposition_bound(self, eqn, depth: int) -> float:
@@ -429,14 +435,16 @@ class _Selector:
 
 
 def select(graph: Graph, backends, cost_model: CostModel, dims: dict,
-           weights=()) -> Selection:
+           weights=(), patterns: bool = False) -> Selection:
     """The cheapest choice per equation of `graph` on `backends` at binding `dims`.
 
     `weights`: indices of the inputs that are bound weights: converted once, not per call,
-    so their transfers cost nothing."""
+    so their transfers cost nothing. `patterns`: decompositions offer the pattern kernels
+    that occur in them (`tgx.planning.kernel_patterns`; the graph itself went through the
+    patterns stage already)."""
     check_tolerance(graph, cost_model.tolerance)
     free = [graph.invars[i].id for i in weights]
-    return _Selector(backends, cost_model, dict(dims or {}), free).solve(graph)
+    return _Selector(backends, cost_model, dict(dims or {}), free, patterns).solve(graph)
 
 
 def select_brute_force(graph: Graph, backends, cost_model: CostModel, dims: dict) -> Selection:
