@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_gemma.py [--layers 18] [--vocab 32768] [--phase both]
                                           [--rounds 7] [--store PATH] [--skip ROW ...]
+                                          [--patterns-off]
 
 The model is examples/gemma3.py (the HF architecture; its logits match `Gemma3ForCausalLM`,
 tests/models). Both phases run the same step function with a KV cache kept as state: prefill
@@ -12,7 +13,8 @@ positions). Rows, all in this one process:
   same with `--tolerance` (default 2e-2 of the logits' scale: weights may be held in bf16 or
   int8 by generated GEMVs when the whole path stays within it), and tgx's NumPy-only (NumPy
   arrays: NumPy's kernels and tgx's numba ones), torch-only and jax-only plans
-  (`backends=[b]`, policy "fastest");
+  (`backends=[b]`, policy "fastest"); with `--patterns-off`, FASTEST and NumPy-only with
+  the patterns stage off (no pattern kernels: their effect end to end);
 - hand-written NumPy, torch eager, torch.compile and jax.jit (the reference model of
   examples/gemma3.py written in each library, the cache updated in place / donated), and
   Hugging Face `Gemma3ForCausalLM` eager (its own DynamicCache, cropped back each call).
@@ -76,7 +78,8 @@ def filled_cache(cfg, params):
     return [{k: v.copy() for k, v in c.items()} for c in _FILLED[key]]
 
 
-def tgx_rows(cfg, params, phase, tokens, pos, store, tolerance=None) -> list[Row]:
+def tgx_rows(cfg, params, phase, tokens, pos, store, tolerance=None,
+             patterns_off=False) -> list[Row]:
     def step(p, t, c, position):
         return G.gemma3_step(p, t, c, position, cfg)
 
@@ -87,6 +90,11 @@ def tgx_rows(cfg, params, phase, tokens, pos, store, tolerance=None) -> list[Row
                         dict(policy="fastest", backends=list(BACKENDS), tolerance=tolerance),
                         False))
     configs += [(f"tgx {b}-only", dict(policy="fastest", backends=[b]), True) for b in BACKENDS]
+    if patterns_off:   # the same without pattern kernels (tgx.register_kernel, the library)
+        configs += [("tgx FASTEST no patterns",
+                     dict(policy="fastest", backends=list(BACKENDS), patterns=False), False),
+                    ("tgx numpy-only no patterns",
+                     dict(policy="fastest", backends=["numpy"], patterns=False), False)]
     if store is not None:   # explore first: FASTEST then reads what it measured
         t0 = time.perf_counter()
         explorer = tgx.compile(step, weights="p", state="c", store=store, policy="explore",
@@ -239,6 +247,8 @@ def main(argv=None) -> None:
     ap.add_argument("--tolerance", type=float, default=2e-2,
                     help="a FASTEST row with this tolerance on the logits (weights may be "
                          "held in bf16/int8); 0: no such row")
+    ap.add_argument("--patterns-off", action="store_true",
+                    help="rows with the patterns stage off too (pattern kernels on/off)")
     ap.add_argument("--skip", nargs="*", default=[], help="peer rows to leave out: "
                     "torch.compile, hf")
     args = ap.parse_args(argv)
@@ -257,7 +267,8 @@ def main(argv=None) -> None:
             tokens, pos = phase_inputs(phase, cfg, rng)
             print(f"\n== {phase}: {len(tokens)} token(s) at position {pos}")
             rows = tgx_rows(cfg, params, phase, tokens, pos,
-                            None if args.no_explore else store, args.tolerance)
+                            None if args.no_explore else store, args.tolerance,
+                            args.patterns_off)
             rows += peer_rows(cfg, params, phase, tokens, pos, set(args.skip))
             ref = G.gemma3_reference(params, tokens, cfg, "numpy", filled_cache(cfg, params),
                                      pos)[0]

@@ -478,7 +478,8 @@ def pp_eqn(eqn: Eqn, name: Callable | None = None, indent: int = 0) -> str:
     shown = dict(eqn.params)
     if eqn.primitive.name == "fused" and shown.get("name", "fused") != "fused":
         # a pattern occurrence (the patterns stage): its name says what the body is
-        shown = {"name": shown["name"], "eqns": len(shown["graph"].eqns)}
+        shown = {"name": shown["name"], "eqns": len(shown["graph"].eqns),
+                 **dict(shown.get("kernel_params", ()))}
     if shown:
         params = "[" + " ".join(f"{k}={_fmt_param(v, indent)}"
                                 for k, v in shown.items()) + "]"

@@ -33,7 +33,7 @@ from .backends import backend_available, check_backends
 from .backends.registry import Kernel, add_kernel, all_kernels, remove_kernel
 from .core import Eqn, Graph, Params
 from .errors import KernelError, TgxError
-from .graph.pattern import as_pattern
+from .graph.pattern import as_pattern, param_wildcards
 from .planning.kernel_patterns import verify_kernel
 from .primitives.fused import fused_p
 from .shapes import Spec
@@ -42,7 +42,7 @@ from .shapes import Spec
 def register_kernel(pattern: Callable | Graph | str, impl: Callable | None = None, *,
                     specs: Sequence[Spec] = (), backend: str = "numpy",
                     checker: Callable | None = None, name: str | None = None,
-                    variant: str = "default") -> Any:
+                    variant: str = "default", params: Sequence[str] = ()) -> Any:
     """Register `impl` as a kernel of `pattern` on `backend`; without `impl`, a decorator.
 
     - `pattern`: a function of arrays written with `tgx.numpy` / `tgx.nn` (traced over
@@ -56,6 +56,9 @@ def register_kernel(pattern: Callable | Graph | str, impl: Callable | None = Non
     - `name`: what plans call the pattern (default: the pattern function's name); kernels
       registered under one name on several backends compete with each other.
     - `variant`: to register a second kernel of one name on one backend.
+    - `params`: names of the pattern's equation params that match any value (e.g. "eps" of
+      `tnn.rms_norm`: one kernel for every model's epsilon); `impl` receives each as a
+      keyword argument. Other params match only the value the pattern was traced with.
 
     Returns the `Kernel` (the decorator returns `impl` itself); `unregister_kernel` removes
     it. Raises `KernelError` when `impl` does not compute the pattern at the example specs
@@ -71,23 +74,31 @@ def register_kernel(pattern: Callable | Graph | str, impl: Callable | None = Non
     if impl is None:
         def deco(fn: Callable) -> Callable:
             register_kernel(pattern, fn, specs=specs, backend=backend, checker=checker,
-                            name=name, variant=variant)
+                            name=name, variant=variant, params=params)
             return fn
         return deco
     check_backends([backend])
     check = None if checker is None else (lambda avals, params: checker(*avals))
     if isinstance(pattern, str):
         return add_kernel(Kernel(pattern, backend, impl, check, variant))
-    graph = as_pattern(pattern, tuple(specs))
+    graph = traced = as_pattern(pattern, tuple(specs))
+    unknown = set(params) - {k for e in graph.eqns for k in e.params}
+    if unknown:
+        raise TgxError(f"register_kernel: params {sorted(unknown)} are not params of any "
+                       f"equation of the pattern")
+    if params:
+        graph = param_wildcards(graph, params)
     if not graph.eqns:
         raise TgxError("register_kernel: the pattern computes nothing (no equations)")
     name = name or getattr(pattern, "__name__", None)
     if not name or name == "<lambda>":
         raise TgxError("register_kernel: a pattern given as a lambda (or a Graph) needs name=")
     kernel = add_kernel(Kernel(name, backend, impl, check, variant, pattern=graph))
-    if backend_available(backend):
+    if backend_available(backend):  # checked on the pattern as traced (wildcards bound)
         eqn = Eqn(fused_p, tuple(graph.invars), tuple(graph.outvars),
-                  Params(graph=graph, name=name))
+                  Params(graph=traced, name=name, kernel_params=tuple(sorted(
+                      (k, v) for e in traced.eqns for k, v in e.params.items()
+                      if k in params))))
         reason = kernel.check([v.aval for v in graph.invars], {}) or \
             verify_kernel(kernel, eqn)
         if reason is not None:

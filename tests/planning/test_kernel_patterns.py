@@ -65,18 +65,16 @@ def ref_rmsnorm(x, w):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + 1e-6) * w
 
 
-def gelu_gate(a, b):
-    return tnn.gelu(a, approximate="tanh") * b
+def tanh_exp(a, b):       # a pattern tgx's library has no kernel for
+    return tnp.tanh(a) * tnp.exp(b)
 
 
-def ref_gelu_gate(a, b):
-    a = a.astype(np.float64)
-    return 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a ** 3))) * b
+def ref_tanh_exp(a, b):
+    return np.tanh(a.astype(np.float64)) * np.exp(b.astype(np.float64))
 
 
-def gelu_gate_numpy(a, b):
-    t = np.tanh(np.float32(np.sqrt(2 / np.pi)) * (a + np.float32(0.044715) * a * a * a))
-    return (np.float32(0.5) * a * (1 + t) * b).astype(a.dtype)
+def tanh_exp_numpy(a, b):
+    return np.tanh(a) * np.exp(b)
 
 
 # -- the stage ------------------------------------------------------------------------------
@@ -162,90 +160,90 @@ def test_pattern_found_inside_a_composites_decomposition(prices):
 # -- tgx.register_kernel ----------------------------------------------------------------------
 
 def test_registered_kernel_is_used_in_a_model_that_never_mentions_it(registered, prices):
-    registered.append(tgx.register_kernel(gelu_gate, gelu_gate_numpy,
+    registered.append(tgx.register_kernel(tanh_exp, tanh_exp_numpy,
                                           specs=(S(("N", "F")), S(("N", "F")))))
 
     def mlp(x, wg, wu):      # the user's model: operands the other way round
-        return tnp.multiply(tnn.linear(x, wu), tnn.gelu(tnn.linear(x, wg), approximate="tanh"))
+        return tnp.multiply(tnp.exp(tnn.linear(x, wu)), tnp.tanh(tnn.linear(x, wg)))
     rng = np.random.default_rng(0)
     x, wg, wu = (rng.standard_normal(s).astype(np.float32) for s in ((4, 8), (12, 8), (12, 8)))
-    prices({"gelu_gate": 1e-7})
+    prices({"tanh_exp": 1e-7})
     plan = tgx.compile(mlp, backends=["numpy"], store=None).lower(x, wg, wu)
-    assert "gelu_gate" in [k.name for k in plan.kernels]
-    want = ref_gelu_gate(x.astype(np.float64) @ wg.T, x.astype(np.float64) @ wu.T)
+    assert "tanh_exp" in [k.name for k in plan.kernels]
+    want = ref_tanh_exp(x.astype(np.float64) @ wg.T, x.astype(np.float64) @ wu.T)
     np.testing.assert_allclose(plan(x, wg, wu), want, rtol=1e-4, atol=1e-5)
 
 
 def test_decorator_form_and_unregister(registered):
-    @tgx.register_kernel(gelu_gate, specs=(S(("N",)), S(("N",))), name="gate1d")
+    @tgx.register_kernel(tanh_exp, specs=(S(("N",)), S(("N",))), name="tanh_exp_1d")
     def gate(a, b):
-        return gelu_gate_numpy(a, b)
+        return tanh_exp_numpy(a, b)
     assert callable(gate) and gate.__name__ == "gate"
-    g = tgx.make_graph(gelu_gate)(S((5,)), S((5,)))
-    assert [pattern_name(e) for e in match_patterns(g, ["numpy"]).eqns] == ["gate1d"]
-    tgx.unregister_kernel("gate1d")
-    assert [pattern_name(e) for e in match_patterns(g, ["numpy"]).eqns] == [None, None]
-    with pytest.raises(tgx.TgxError, match="no kernel named 'gate1d'"):
-        tgx.unregister_kernel("gate1d")
+    g = tgx.make_graph(tanh_exp)(S((5,)), S((5,)))
+    assert [pattern_name(e) for e in match_patterns(g, ["numpy"]).eqns] == ["tanh_exp_1d"]
+    tgx.unregister_kernel("tanh_exp_1d")
+    assert all(pattern_name(e) is None for e in match_patterns(g, ["numpy"]).eqns)
+    with pytest.raises(tgx.TgxError, match="no kernel named 'tanh_exp_1d'"):
+        tgx.unregister_kernel("tanh_exp_1d")
 
 
 def test_kernel_that_computes_something_else_is_refused_at_registration():
     def wrong(a, b):
-        return (a * b).astype(a.dtype)           # forgot the gelu
-    with pytest.raises(tgx.KernelError, match=r"gelu_gate@numpy does not compute its pattern.*"
+        return (a * b).astype(a.dtype)           # forgot the tanh and the exp
+    with pytest.raises(tgx.KernelError, match=r"tanh_exp@numpy does not compute its pattern.*"
                                               r"elements outside"):
-        tgx.register_kernel(gelu_gate, wrong, specs=(S(("N",)), S(("N",))))
-    g = tgx.make_graph(gelu_gate)(S((5,)), S((5,)))   # and it was not left registered
+        tgx.register_kernel(tanh_exp, wrong, specs=(S(("N",)), S(("N",))))
+    g = tgx.make_graph(tanh_exp)(S((5,)), S((5,)))   # and it was not left registered
     assert all(pattern_name(e) is None for e in match_patterns(g, ["numpy"]).eqns)
 
 
 def test_wrong_dtype_and_crashing_kernels_are_refused():
     with pytest.raises(tgx.KernelError, match="returned float64 for output 0"):
-        tgx.register_kernel(gelu_gate, lambda a, b: ref_gelu_gate(a, b),
+        tgx.register_kernel(tanh_exp, lambda a, b: ref_tanh_exp(a, b),
                             specs=(S(("N",)), S(("N",))))
     with pytest.raises(tgx.KernelError, match="raised ZeroDivisionError"):
-        tgx.register_kernel(gelu_gate, lambda a, b: 1 / 0, specs=(S(("N",)), S(("N",))))
+        tgx.register_kernel(tanh_exp, lambda a, b: 1 / 0, specs=(S(("N",)), S(("N",))))
 
 
 def test_kernel_wrong_at_other_shapes_is_declined_there_with_a_warning(registered, prices):
     """Right at the example shape (N=64 for a symbolic N), wrong beyond 64 elements: checked
     per shape before it is offered, so that occurrence runs op by op, and tgx says why."""
     def short_only(a, b):
-        out = gelu_gate_numpy(a, b)
+        out = tanh_exp_numpy(a, b)
         out[64:] = 0.0
         return out
-    registered.append(tgx.register_kernel(gelu_gate, short_only, specs=(S(("N",)), S(("N",)))))
-    prices({"gelu_gate": 1e-7})
+    registered.append(tgx.register_kernel(tanh_exp, short_only, specs=(S(("N",)), S(("N",)))))
+    prices({"tanh_exp": 1e-7})
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal(20).astype(np.float32) for _ in range(2))
     c, d = (rng.standard_normal(100).astype(np.float32) for _ in range(2))
-    f = tgx.compile(lambda a, b, c, d: (gelu_gate(a, b), gelu_gate(c, d)), backends=["numpy"],
+    f = tgx.compile(lambda a, b, c, d: (tanh_exp(a, b), tanh_exp(c, d)), backends=["numpy"],
                     store=None)
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
         plan = f.lower(a, b, c, d)
-    assert [k.name for k in plan.kernels].count("gelu_gate") == 1   # the 20-element one
-    assert any("gelu_gate@numpy is not used" in str(x.message) for x in w)
+    assert [k.name for k in plan.kernels].count("tanh_exp") == 1   # the 20-element one
+    assert any("tanh_exp@numpy is not used" in str(x.message) for x in w)
     y1, y2 = plan(a, b, c, d)
-    np.testing.assert_allclose(y1, ref_gelu_gate(a, b), rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(y2, ref_gelu_gate(c, d), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y1, ref_tanh_exp(a, b), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(y2, ref_tanh_exp(c, d), rtol=1e-5, atol=1e-6)
 
 
 def test_checker_declines_an_occurrence(registered):
     registered.append(tgx.register_kernel(
-        gelu_gate, gelu_gate_numpy, specs=(S(("N",)), S(("N",))),
+        tanh_exp, tanh_exp_numpy, specs=(S(("N",)), S(("N",))),
         checker=lambda a, b: None if a.shape[0] != 7 else "7 is unlucky"))
-    g7 = tgx.make_graph(gelu_gate)(S((7,)), S((7,)))
-    g8 = tgx.make_graph(gelu_gate)(S((8,)), S((8,)))
+    g7 = tgx.make_graph(tanh_exp)(S((7,)), S((7,)))
+    g8 = tgx.make_graph(tanh_exp)(S((8,)), S((8,)))
     assert pattern_name(match_patterns(g7, ["numpy"]).eqns[0]) is None
-    assert pattern_name(match_patterns(g8, ["numpy"]).eqns[0]) == "gelu_gate"
+    assert pattern_name(match_patterns(g8, ["numpy"]).eqns[0]) == "tanh_exp"
 
 
 def test_registration_errors():
     with pytest.raises(tgx.TgxError, match="needs name="):
         tgx.register_kernel(lambda x: tnp.exp(x), np.exp, specs=(S((3,)),))
     with pytest.raises(tgx.TgxError, match="needs example Specs"):
-        tgx.register_kernel(gelu_gate, gelu_gate_numpy)
+        tgx.register_kernel(tanh_exp, tanh_exp_numpy)
 
 
 def test_a_kernel_for_one_primitive(registered):
@@ -266,30 +264,61 @@ def test_pattern_kernels_on_torch_and_jax(backend, registered, prices):
         import torch
 
         def impl(a, b):
-            return torch.nn.functional.gelu(a, approximate="tanh") * b
+            return torch.tanh(a) * torch.exp(b)
     else:
         import jax
 
         def impl(a, b):
-            return jax.nn.gelu(a, approximate=True) * b
-    registered.append(tgx.register_kernel(gelu_gate, impl, backend=backend,
+            return jax.numpy.tanh(a) * jax.numpy.exp(b)
+    registered.append(tgx.register_kernel(tanh_exp, impl, backend=backend,
                                           specs=(S(("N",)), S(("N",)))))
-    prices({"gelu_gate": 1e-7}, transfer_s=1e-9)
+    prices({"tanh_exp": 1e-7}, transfer_s=1e-9)
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal(33).astype(np.float32) for _ in range(2))
-    plan = tgx.compile(lambda a, b: gelu_gate(a, b) + 1.0, backends=["numpy", backend],
+    plan = tgx.compile(lambda a, b: tanh_exp(a, b) + 1.0, backends=["numpy", backend],
                        store=None).lower(a, b)
-    assert f"gelu_gate@{backend}" in [repr(k) for k in plan.kernels]
-    np.testing.assert_allclose(plan(a, b), ref_gelu_gate(a, b) + 1, rtol=1e-5, atol=1e-5)
+    assert f"tanh_exp@{backend}" in [repr(k) for k in plan.kernels]
+    np.testing.assert_allclose(plan(a, b), ref_tanh_exp(a, b) + 1, rtol=1e-5, atol=1e-5)
 
 
 def test_verify_kernel_reports_numbers():
     from tgx.backends.registry import Kernel
     from tgx.core import Eqn, Params
     from tgx.primitives.fused import fused_p
-    g = tgx.make_graph(gelu_gate)(S((16,)), S((16,)))
+    g = tgx.make_graph(tanh_exp)(S((16,)), S((16,)))
     eqn = Eqn(fused_p, tuple(g.invars), tuple(g.outvars), Params(graph=g, name="x"))
     k = Kernel("x", "numpy", lambda a, b: (a * b).astype(np.float32), pattern=g)
     assert "worst got" in verify_kernel(k, eqn)
-    ok = Kernel("x", "numpy", gelu_gate_numpy, pattern=g)
+    ok = Kernel("x", "numpy", tanh_exp_numpy, pattern=g)
     assert verify_kernel(ok, eqn) is None
+
+
+def test_wildcard_params_serve_every_value(registered, prices):
+    """A kernel for `tnn.rms_norm` with `params=("eps",)` runs models with any epsilon and
+    receives each model's value."""
+    seen = []
+
+    def rms(x, w, *, eps):
+        seen.append(eps)
+        y = x.astype(np.float64)
+        return (y / np.sqrt(np.mean(y * y, -1, keepdims=True) + eps) * w).astype(x.dtype)
+    registered.append(tgx.register_kernel(
+        lambda x, w: tnn.rms_norm(x, ("D",), w, eps=1e-6), rms, name="my_rms",
+        specs=(S(("N", "D")), S(("D",))), params=("eps",)))
+    prices({"my_rms": 1e-7})
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((3, 8)).astype(np.float32), np.ones(8, np.float32)
+    for eps in (1e-5, 0.5):
+        seen.clear()
+        plan = tgx.compile(lambda x, w, eps=eps: tnn.rms_norm(x, (8,), w, eps=eps),
+                           backends=["numpy"], store=None).lower(x, w)
+        assert [k.name for k in plan.kernels] == ["my_rms"]
+        assert f"eps={eps}" in str(plan.stages["patterns"])
+        y = plan(x, w)
+        assert seen[-1] == eps
+        x64 = x.astype(np.float64)
+        np.testing.assert_allclose(y, x64 / np.sqrt(np.mean(x64 ** 2, -1, keepdims=True) + eps),
+                                   rtol=1e-5)
+    with pytest.raises(tgx.TgxError, match=r"\['epsilon'\] are not params"):
+        tgx.register_kernel(lambda x: tnn.rms_norm(x, (4,)), rms, name="bad",
+                            specs=(S((2, 4)),), params=("epsilon",))

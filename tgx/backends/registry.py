@@ -100,6 +100,19 @@ class Kernel:
             args[p.operand] = p.fn(args[p.operand])
         return args
 
+    @property
+    def forms(self) -> tuple:
+        """The pattern graphs this kernel computes (`pattern` is one graph, or a tuple of
+        forms of one computation: at several ranks, written several ways)."""
+        if self.pattern is None:
+            return ()
+        return self.pattern if isinstance(self.pattern, tuple) else (self.pattern,)
+
+    def pattern_params(self, params: dict) -> dict:
+        """What a pattern kernel is called with besides the inputs: the values its occurrence
+        binds to the pattern's wildcard params (the `fused` equation's `kernel_params`)."""
+        return dict(params.get("kernel_params", ()))
+
     def check(self, avals: list, params: dict) -> str | None:
         """None when the kernel accepts the equation, else the reason it declines."""
         if self.checker is None:
@@ -111,10 +124,10 @@ class Kernel:
 
     def bind(self, params: dict, out=None) -> Callable:
         """This kernel with its params (and `out=` view) baked in: what an instruction calls.
-        A pattern kernel takes only the matched inputs (its `fused` equation's params — the
-        matched body — are not passed)."""
+        A pattern kernel takes the matched inputs and its wildcard params
+        (`pattern_params`), not its `fused` equation's body."""
         if self.pattern is not None:
-            params = {}
+            params = self.pattern_params(params)
         if self.specialize is not None:
             return self.specialize(params, out)
         if out is not None:

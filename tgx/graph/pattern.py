@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import sympy
 
-from ..core import Graph, Literal, Var
+from ..core import Eqn, Graph, Literal, Params, Var
 from ..errors import SymbolicShapeError, TgxError
 from ..shapes import ShapedArray, as_dim, dim_eq
 from ..tracing import GraphBuilder, make_graph, tree_flatten
@@ -98,7 +98,44 @@ def _unify_dim(pd: Any, gd: Any, dims: dict) -> dict | None:
     return None
 
 
+#: prefix of the symbols standing for a wildcard param (`param_wildcards`)
+WILDCARD = "param:"
+
+
+def param_wildcards(pattern: Graph, names) -> Graph:
+    """`pattern` with the params called `names` (e.g. "eps") matching any value: the
+    value an occurrence has is in its `Match.dims` under ``Symbol("param:eps")`` (see
+    `match_params`), so one kernel serves every value (it receives it as a keyword).
+
+    >>> import tgx, tgx.nn as tnn
+    >>> p = tgx.make_graph(lambda x: tnn.rms_norm(x, (8,), eps=1e-6))(tgx.Spec((2, 8)))
+    >>> g = tgx.make_graph(lambda x: tnn.rms_norm(x, (8,), eps=1e-5))(tgx.Spec((2, 8)))
+    >>> [match_params(m) for m in find_pattern(g, param_wildcards(p, ["eps"]))]
+    [{'eps': 1e-05}]
+    """
+    names = set(names)
+    eqns = []
+    for e in pattern.eqns:
+        if names & set(e.params):
+            params = {k: sympy.Symbol(WILDCARD + k) if k in names else v
+                      for k, v in e.params.items()}
+            e = Eqn(e.primitive, e.invars, e.outvars, Params(params), e.source_info)
+        eqns.append(e)
+    return Graph(pattern.constvars, pattern.consts, pattern.invars, pattern.outvars, eqns,
+                 pattern.in_tree, pattern.out_tree)
+
+
+def match_params(match: Match) -> dict:
+    """The values an occurrence binds to the pattern's wildcard params, by param name."""
+    return {k.name[len(WILDCARD):]: v for k, v in match.dims.items()
+            if isinstance(k, sympy.Symbol) and k.name.startswith(WILDCARD)}
+
+
 def _unify_value(p: Any, g: Any, dims: dict) -> dict | None:
+    if isinstance(p, sympy.Symbol) and p.name.startswith(WILDCARD):  # any value, the same
+        if p in dims:                                                # one each time
+            return dims if type(dims[p]) is type(g) and dims[p] == g else None
+        return {**dims, p: g}
     if isinstance(p, tuple):
         if not isinstance(g, tuple) or len(p) != len(g):
             return None

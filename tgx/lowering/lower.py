@@ -137,7 +137,8 @@ def _fresh_out(kernel, params, aval, dims, backend):
 def _region(backend: str, eqns, kernels, in_vars, out_vars):
     def build(dims, out):
         # a pattern kernel takes the matched inputs only (`Kernel.bind`)
-        steps = [(k.fn, {} if k.pattern is not None else _params(e, dims), e)
+        steps = [(k.fn, k.pattern_params(e.params) if k.pattern is not None
+                  else _params(e, dims), e)
                  for e, k in zip(eqns, kernels)]
         return get_backend(backend).region(steps, [v.id for v in in_vars],
                                            [v.id for v in out_vars])

@@ -32,11 +32,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..backends import available_backends, backend_available, load_backend
+from ..backends import numba_patterns as _generated  # noqa: F401 - tgx's numba pattern kernels
 from ..backends import patterns as _library  # noqa: F401 - registers tgx's pattern kernels
 from ..backends.registry import Kernel, all_kernels, kernels_for
 from ..core import Eqn, Graph, Literal, Params, Var
 from ..graph.hashing import structural_hash
-from ..graph.pattern import Match, find_pattern
+from ..graph.pattern import Match, find_pattern, match_params
 from ..primitives.fused import fused_p
 from ..profiling.accuracy import accuracy, to_numpy
 from ..profiling.accuracy import golden as float64_golden
@@ -54,16 +55,27 @@ def pattern_name(eqn: Eqn) -> str | None:
     return eqn.params.get("name")
 
 
-def pattern_groups(backends: Sequence[str]) -> list[list[Kernel]]:
-    """The pattern kernels of `backends`, grouped by pattern (one list per pattern graph),
-    the patterns with the most equations first."""
+def pattern_groups(backends: Sequence[str]) -> list[tuple[Graph, list[Kernel]]]:
+    """The patterns of the pattern kernels of `backends`, each with its kernels, the
+    patterns with the most equations first."""
     for b in backends:
         load_backend(b)
-    groups: dict[int, list[Kernel]] = {}
+    groups: dict[str, tuple] = {}
     for k in all_kernels():
-        if k.pattern is not None and k.backend in backends:
-            groups.setdefault(id(k.pattern), []).append(k)
-    return sorted(groups.values(), key=lambda ks: -len(ks[0].pattern.eqns))
+        if k.backend in backends:
+            for form in k.forms:  # kernels of one structure compete, whatever their names
+                groups.setdefault(_form_hash(form), (form, []))[1].append(k)
+    return sorted(groups.values(), key=lambda g: -len(g[0].eqns))
+
+
+_HASHES: dict = {}   # id(form) -> (form, its structural hash); forms live as long as kernels
+
+
+def _form_hash(form: Graph) -> str:
+    hit = _HASHES.get(id(form))
+    if hit is None or hit[0] is not form:
+        hit = _HASHES[id(form)] = (form, structural_hash(form))
+    return hit[1]
 
 
 def match_patterns(graph: Graph, backends: Sequence[str] | None = None) -> Graph:
@@ -71,14 +83,14 @@ def match_patterns(graph: Graph, backends: Sequence[str] | None = None) -> Graph
     `fused` equation (see the module doc); `graph` itself when nothing matches."""
     backends = [b for b in (backends or available_backends()) if backend_available(b)]
     g = graph
-    for kernels in pattern_groups(backends):
+    for form, kernels in pattern_groups(backends):
         occurrences = []
         taken: set[int] = set()
-        for m in find_pattern(g, kernels[0].pattern):
+        for m in find_pattern(g, form):
             if not taken.isdisjoint(m.eqns) or not _emittable_at_root(g, m):
                 continue
-            eqn = fused_equation(g, m, kernels[0].name)
-            if any(not _declines(k, eqn) for k in kernels):
+            eqn = fused_equation(g, m, tuple(dict.fromkeys(k.name for k in kernels)))
+            if any(not declines(k, eqn) for k in kernels):
                 taken.update(m.eqns)
                 occurrences.append((m, eqn))
         if occurrences:
@@ -86,8 +98,10 @@ def match_patterns(graph: Graph, backends: Sequence[str] | None = None) -> Graph
     return g
 
 
-def fused_equation(graph: Graph, match, name: str) -> Eqn:
-    """A `fused` equation standing for the matched equations (body: those equations)."""
+def fused_equation(graph: Graph, match, name: str | tuple) -> Eqn:
+    """A `fused` equation standing for the matched equations (body: those equations), named
+    after the pattern kernel(s) that compute them (several names: `params["also"]`)."""
+    names = (name,) if isinstance(name, str) else tuple(name)
     consts = {v.id: c for v, c in zip(graph.constvars, graph.consts)}
     with GraphBuilder() as b:
         args, env = [], {}
@@ -109,8 +123,14 @@ def fused_equation(graph: Graph, match, name: str) -> Eqn:
             for v, o in zip(e.outvars, outs):
                 env[v.id] = o
         body = b.build([t.variable for t in args], [read(o) for o in match.outputs])
-    return Eqn(fused_p, tuple(match.inputs), tuple(match.outputs),
-               Params(graph=body, name=name), graph.eqns[match.root].source_info)
+    params = {"graph": body, "name": names[0]}
+    if len(names) > 1:
+        params["also"] = names[1:]
+    wild = match_params(match)
+    if wild:
+        params["kernel_params"] = tuple(sorted(wild.items()))
+    return Eqn(fused_p, tuple(match.inputs), tuple(match.outputs), Params(params),
+               graph.eqns[match.root].source_info)
 
 
 
@@ -156,7 +176,9 @@ def _rewrite(graph: Graph, occurrences: list[tuple[Match, Eqn]]) -> Graph:
         return b.build([a.variable for a in args], outs, graph.in_tree, graph.out_tree)
 
 
-def _declines(kernel: Kernel, eqn: Eqn) -> str | None:
+def declines(kernel: Kernel, eqn: Eqn) -> str | None:
+    """Why pattern kernel `kernel` is not offered for occurrence `eqn` (its checker's
+    reason, or `verify_kernel`'s, with a warning), or None."""
     reason = kernel.check([x.aval for x in eqn.invars], {})
     if reason is None:
         reason = verify_kernel(kernel, eqn)
@@ -221,15 +243,15 @@ def _dtype_mismatch(eqn: Eqn, outs) -> str | None:
 def accepting_pattern_kernels(eqn: Eqn, backend: str, declined: list | None = None) -> list:
     """The pattern kernels of `backend` for a `fused` equation of this stage that accept it
     and compute what its body computes."""
-    name = pattern_name(eqn)
+    names = (pattern_name(eqn), *eqn.params.get("also", ()))
     out, fns = [], set()
-    for k in kernels_for(name, backend):
+    for k in [k for n in names for k in kernels_for(n, backend)]:
         # kernels of one name are alternatives for each of its patterns (several forms of one
         # computation): each is checked on the occurrence; one function is offered once
         if k.pattern is None or k.fn in fns:
             continue
         fns.add(k.fn)
-        reason = _declines(k, eqn)
+        reason = declines(k, eqn)
         if reason is None:
             out.append(k)
         elif declined is not None:

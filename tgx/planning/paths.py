@@ -57,7 +57,7 @@ from .assignment import Assignment
 from .candidates import Candidate, candidates
 from .cost_model import CostModel
 from .path_count import count_within_transfers
-from .kernel_patterns import fused_equation, pattern_name
+from .kernel_patterns import declines, fused_equation, pattern_name
 from .path_space import ANY, Level, Unit, _lower_bounds
 from .path_space import resolve_alias as _resolve
 from .transfers import copy_source
@@ -213,16 +213,16 @@ class Paths:
         return Unit(eqn, opts, sub, (index,), index)
 
     def _pattern_units(self, graph: Graph) -> list[Unit]:
-        by_pattern: dict[int, list[Kernel]] = {}
+        by_pattern: dict[int, tuple] = {}
         for k in self._pattern_kernels:
-            by_pattern.setdefault(id(k.pattern), []).append(k)
+            for form in k.forms:
+                by_pattern.setdefault(id(form), (form, []))[1].append(k)
         units = []
-        for ks in by_pattern.values():
-            for m in find_pattern(graph, ks[0].pattern):
+        for form, ks in by_pattern.values():
+            for m in find_pattern(graph, form):
                 eqn = fused_equation(graph, m, ks[0].name)
-                avals = [x.aval for x in m.inputs]
                 opts = [Candidate("pattern", k.backend, k) for k in ks
-                        if k.check(avals, {}) is None]
+                        if declines(k, eqn) is None]
                 if opts:
                     units.append(Unit(eqn, opts, None, m.eqns, m.root,
                                       f"{ks[0].name}[{len(m.eqns)} eqns]"))

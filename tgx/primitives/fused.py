@@ -4,7 +4,9 @@ The body is a `Graph` in `params["graph"]`; the shape rule is the body's output 
 NumPy reference evaluates the body, and the decomposition inlines it (both are core's
 `eval_graph_loop`: eager without a trace, staged into the current one otherwise). A fused
 equation prints its body indented, hashes structurally (the body's hash), and evaluates to
-the same numbers as the equations it replaced.
+the same numbers as the equations it replaced. An occurrence of a pattern kernel's pattern
+(the patterns stage) is a `fused` equation named after the kernel, with the values it binds
+to the pattern's wildcard params in `kernel_params` (what the kernel receives).
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ fused_p = Primitive("fused", multiple_results=True, family="fused")
 
 
 @fused_p.def_shape
-def _fused_shape(*avals, graph: Graph, name: str = "fused"):
+def _fused_shape(*avals, graph: Graph, name: str = "fused", kernel_params=(), also=()):
     return list(graph.out_avals)
 
 
 @fused_p.def_impl
-def _fused_impl(*xs, graph: Graph, name: str = "fused"):
+def _fused_impl(*xs, graph: Graph, name: str = "fused", kernel_params=(), also=()):
     return reference_loop(graph, list(xs))
 
 
@@ -73,5 +75,5 @@ def _concrete(value, dims: dict):
 
 
 @fused_p.def_decomposition
-def _fused_decomp(*xs, graph: Graph, name: str = "fused"):
+def _fused_decomp(*xs, graph: Graph, name: str = "fused", kernel_params=(), also=()):
     return eval_graph_loop(graph, list(xs))

@@ -1,0 +1,152 @@
+"""Pattern kernels at Gemma-3-270m's shapes: tgx's generated kernel against the op-by-op form
+and the peers, per pattern, prefill (128 rows) and decode (1 row).
+
+    flock /tmp/bench.lock .venv/bin/python bench/bench_kernels.py [--rounds 15]
+
+Per pattern (`tgx.backends.numba_patterns`; d=640, MLP width 2048), contenders run interleaved
+in one process, rotating order per round:
+
+- `tgx pattern`: the compiled function, its one equation the pattern kernel (the plan's own
+  call overhead included);
+- `tgx op by op`: the same function compiled with `patterns=False` on NumPy (tgx's NumPy
+  kernels, one instruction per op);
+- `NumPy`: the expression written by hand in NumPy;
+- `torch eager`, `jax.jit`: the expression in each library.
+
+Prints the median per call, the spread (p90/median), and the ratios to `tgx op by op` and to
+the best peer. End to end, `bench_gemma.py` has rows with patterns off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+
+import tgx
+import tgx.nn as tnn
+
+D, F, EPS = 640, 2048, 1e-6
+
+
+def _np_rms(h, w):
+    return h / np.sqrt(np.mean(h * h, -1, keepdims=True) + np.float32(EPS)) * w
+
+
+def _np_gelu(a):
+    c = np.float32(np.sqrt(2 / np.pi))
+    return np.float32(0.5) * a * (1 + np.tanh(c * (a + np.float32(0.044715) * a * a * a)))
+
+
+def patterns():
+    """name -> (tgx function, NumPy, torch, jax functions, input shapes(rows))."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    def t_rms(h, w):
+        return h * torch.rsqrt(h.square().mean(-1, keepdim=True) + EPS) * w
+
+    def j_rms(h, w):
+        return h * jax.lax.rsqrt(jnp.mean(h * h, -1, keepdims=True) + EPS) * w
+
+    return {
+        "rms_norm_1p": (
+            lambda h, w: tnn.rms_norm(h, (D,), 1.0 + w, EPS),
+            lambda h, w: _np_rms(h, 1 + w), lambda h, w: t_rms(h, 1 + w),
+            lambda h, w: j_rms(h, 1 + w), lambda r: [(r, D), (D,)]),
+        "residual_rms_norm_1p": (
+            lambda x, h, w: x + tnn.rms_norm(h, (D,), 1.0 + w, EPS),
+            lambda x, h, w: x + _np_rms(h, 1 + w), lambda x, h, w: x + t_rms(h, 1 + w),
+            lambda x, h, w: x + j_rms(h, 1 + w), lambda r: [(r, D), (r, D), (D,)]),
+        "gelu_tanh_gate": (
+            lambda a, b: tnn.gelu(a, approximate="tanh") * b,
+            lambda a, b: _np_gelu(a) * b,
+            lambda a, b: torch.nn.functional.gelu(a, approximate="tanh") * b,
+            lambda a, b: jax.nn.gelu(a, approximate=True) * b, lambda r: [(r, F), (r, F)]),
+    }
+
+
+def contenders(name, spec, rows):
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    fn, np_fn, t_fn, j_fn, shapes = spec
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) for s in shapes(rows)]
+    on = tgx.compile(fn, backends=["numpy"], policy="heuristic")
+    off = tgx.compile(fn, backends=["numpy"], policy="heuristic", patterns=False)
+    plan = on.lower(*args)
+    assert [k.name for k in plan.kernels] == [name], plan.kernels
+    targs = [torch.from_numpy(a) for a in args]
+    jargs = [jnp.asarray(a) for a in args]
+    jitted = jax.jit(j_fn)
+    out = {
+        "tgx pattern": lambda: on(*args),
+        "tgx op by op": lambda: off(*args),
+        "NumPy": lambda: np_fn(*args),
+        "torch eager": lambda: t_fn(*targs),
+        "jax.jit": lambda: jitted(*jargs).block_until_ready(),
+    }
+    ref = np_fn(*[a.astype(np.float64) for a in args])
+    for k, f in out.items():
+        got = np.asarray(f(), np.float64)
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        assert err < 1e-4, f"{name} {k}: error {err:.1e}"
+    return out
+
+
+def measure(fns: dict, rounds: int) -> dict:
+    """Per contender, the per-call times of rounds of rotating order; each round one warm-up
+    call and a burst of calls sized to ~20 ms."""
+    names = list(fns)
+    times: dict = {k: [] for k in names}
+    for f in fns.values():
+        f()
+    for r in range(rounds):
+        for k in names[r % len(names):] + names[:r % len(names)]:
+            f = fns[k]
+            f()
+            t0 = time.perf_counter()
+            f()
+            one = time.perf_counter() - t0
+            n = max(1, min(200, int(0.02 / max(one, 1e-7))))
+            t0 = time.perf_counter()
+            for _ in range(n):
+                f()
+            times[k].append((time.perf_counter() - t0) / n)
+    return times
+
+
+def report(title: str, times: dict) -> None:
+    med = {k: float(np.median(v)) for k, v in times.items()}
+    peers = [k for k in med if not k.startswith("tgx")]
+    best = min(peers, key=med.get)
+    print(f"\n{title}: median per call over {len(times['tgx pattern'])} rounds; ratios to "
+          f"tgx op by op and to the best peer ({best})")
+    print(f"  {'contender':14s} {'median µs':>10s} {'p90/med':>8s} {'/op-by-op':>10s} "
+          f"{'/best peer':>10s}")
+    for k in sorted(med, key=med.get):
+        t = np.array(times[k])
+        print(f"  {k:14s} {med[k] * 1e6:10.1f} {np.percentile(t, 90) / med[k]:8.2f} "
+              f"{med[k] / med['tgx op by op']:9.2f}x {med[k] / med[best]:9.2f}x")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--patterns", nargs="*", help="only these patterns")
+    args = ap.parse_args(argv)
+    for name, spec in patterns().items():
+        if args.patterns and name not in args.patterns:
+            continue
+        for phase, rows in (("prefill", 128), ("decode", 1)):
+            fns = contenders(name, spec, rows)
+            report(f"{name}, {phase} ({rows} row{'s' if rows > 1 else ''})",
+                   measure(fns, args.rounds))
+
+
+if __name__ == "__main__":
+    main()
