@@ -6,8 +6,9 @@ and the peers, per pattern, prefill (128 rows) and decode (1 row).
 Per pattern (`tgx.backends.numba_patterns`; d=640, MLP width 2048), contenders run interleaved
 in one process, rotating order per round:
 
-- `tgx pattern`: the compiled function, its one equation the pattern kernel (the plan's own
-  call overhead included);
+- `tgx pattern`: the compiled function, its one equation the pattern kernel (the compiled
+  function's call overhead included: ~8 µs of argument handling, see bench_run_loop.py);
+- `tgx kernel`: the pattern kernel called directly (what it costs inside a plan);
 - `tgx op by op`: the same function compiled with `patterns=False` on NumPy (tgx's NumPy
   kernels, one instruction per op);
 - `NumPy`: the expression written by hand in NumPy;
@@ -80,11 +81,13 @@ def contenders(name, spec, rows):
     off = tgx.compile(fn, backends=["numpy"], policy="heuristic", patterns=False)
     plan = on.lower(*args)
     assert [k.name for k in plan.kernels] == [name], plan.kernels
+    kernel = plan.kernels[0].bind(plan.graph.eqns[0].params)
     targs = [torch.from_numpy(a) for a in args]
     jargs = [jnp.asarray(a) for a in args]
     jitted = jax.jit(j_fn)
     out = {
         "tgx pattern": lambda: on(*args),
+        "tgx kernel": lambda: kernel(*args),
         "tgx op by op": lambda: off(*args),
         "NumPy": lambda: np_fn(*args),
         "torch eager": lambda: t_fn(*targs),

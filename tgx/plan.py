@@ -22,6 +22,7 @@ from .core import Var, pp_eqn, var_namer
 from .devices import HOST, owned
 from .errors import OptionError
 from .planning.cost_model import Estimate
+from .planning.explain import explain
 from .planning.transfers import transfer_seconds
 from .runtime.memory import format_bytes
 from .shapes import HINT
@@ -150,6 +151,18 @@ class Plan:
         return outs[0] if len(outs) == 1 else outs
 
     __call__ = run
+
+    def explain(self, store=None) -> str:
+        """Why each implementation was chosen: per equation the kernel taken, every
+        alternative with its figure (measured or modelled) and why kernels declined; per
+        pattern occurrence its kernels against the op-by-op form (`tgx.planning.explain`).
+
+        >>> import numpy as np, tgx, tgx.numpy as tnp
+        >>> plan = tgx.compile(tnp.exp, backends=["numpy"], store=None).lower(np.ones(2))
+        >>> "exp[out]@numpy" in plan.explain()
+        True
+        """
+        return explain(self, store)
 
     def summary(self) -> str:
         counts: dict[str, int] = {}

@@ -322,3 +322,21 @@ def test_wildcard_params_serve_every_value(registered, prices):
     with pytest.raises(tgx.TgxError, match=r"\['epsilon'\] are not params"):
         tgx.register_kernel(lambda x: tnn.rms_norm(x, (4,)), rms, name="bad",
                             specs=(S((2, 4)),), params=("epsilon",))
+
+
+def test_explain_lists_choices_alternatives_and_the_op_by_op_form(registered):
+    registered.append(tgx.register_kernel(
+        tanh_exp, tanh_exp_numpy, specs=(S(("N",)), S(("N",))),
+        checker=lambda a, b: None if a.shape[0] != 7 else "7 is unlucky"))
+    x = np.ones(5, np.float32)
+    plan = tgx.compile(lambda a, b, c: (tanh_exp(a, b), tnp.exp(c)), backends=["numpy"],
+                       store=None).lower(x, x, x)
+    text = plan.explain()
+    assert "tanh_exp: tanh_exp@numpy" in text                 # what runs, with its figure
+    assert "exp: exp[out]@numpy" in text and "exp@numpy: " in text   # an alternative
+    assert "tanh_exp ×1, inputs f32[5], f32[5]" in text
+    assert "tanh_exp@numpy: " in text and "— in the plan" in text
+    assert "op by op on numpy (3 eqns)" in text
+    seven = tgx.compile(tanh_exp, backends=["numpy"], store=None).lower(
+        np.ones(7, np.float32), np.ones(7, np.float32))
+    assert "tanh_exp" not in seven.explain()                  # declined: never an occurrence
