@@ -166,7 +166,7 @@ def candidate_assignments(graph: Graph, backends: Sequence[str], cost_model, dim
         for subset in itertools.combinations(backends, n):
             add("+".join(subset), lambda subset=subset: realize(
                 select(graph, list(subset), cost_model, dims, weights=options.weights,
-                       patterns=options.patterns),
+                       patterns=options.patterns, fuse=options.fuse),
                 "explore"))
     return out
 

@@ -41,14 +41,14 @@ class Compiled:
     def __init__(self, fn: Callable, *, policy="fastest", backends=None, dynamic=None,
                  store=None, tolerance=None, memory_budget=None, return_backend_arrays=False,
                  weights=None, state=None, device="cpu", explore_budget=None,
-                 patterns=True):
+                 patterns=True, fuse=True):
         functools.update_wrapper(self, fn)
         self.fn = fn
         #: how every plan of this function is made (a new signature reuses them)
         self.options = PlanOptions.make(
             policy=policy, backends=backends, device=device, store=store, tolerance=tolerance,
             memory_budget=memory_budget, return_backend_arrays=return_backend_arrays,
-            explore_budget=explore_budget, patterns=patterns)
+            explore_budget=explore_budget, patterns=patterns, fuse=fuse)
         if backends is not None or self.device != "cpu":  # a missing GPU fails here
             check_backends(backends, self.device)
         self.dynamic = dict(dynamic or {})
@@ -257,7 +257,7 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
             store=None, tolerance: float | None = None, memory_budget=None,
             return_backend_arrays: bool = False, weights=None, state=None,
             device: str = "cpu", explore_budget: float | None = None,
-            patterns: bool = True):
+            patterns: bool = True, fuse: bool = True):
     """Compile `fn`: trace per abstract signature, choose kernels, plan buffers, run flat.
 
     Usable as `@tgx.compile` or `@tgx.compile(backends=["torch"], dynamic={"x": {0: "N"}})`.
@@ -269,7 +269,8 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
     `explore_budget` (seconds) bounds what "explore" spends measuring (half on kernels, the
     rest on whole plans; a later explore measures what was left out); it shows a progress
     bar on a terminal. `patterns=False` turns off the patterns stage: no pattern kernel
-    (`tgx.register_kernel`, tgx's pattern library) is offered.
+    (`tgx.register_kernel`, tgx's pattern library) is offered; `fuse=False` the fuse stage: no
+    loop generated from a region of elementwise ops is offered.
 
     `weights` names the arguments (parameter names or positions, one or a tuple) whose leaves
     are weights: each is converted to every backend the plan needs it on once, cached by the
@@ -315,7 +316,7 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
     kw = dict(policy=policy, backends=backends, dynamic=dynamic, store=store,
               tolerance=tolerance, memory_budget=memory_budget,
               return_backend_arrays=return_backend_arrays, weights=weights, state=state,
-              device=device, explore_budget=explore_budget, patterns=patterns)
+              device=device, explore_budget=explore_budget, patterns=patterns, fuse=fuse)
     if fn is None:
         return lambda f: Compiled(f, **kw)
     return Compiled(fn, **kw)

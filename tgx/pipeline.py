@@ -1,12 +1,15 @@
 """The compile pipeline: a traced graph → a `Plan`, as a list of named stages.
 
-    traced ─simplify─▶ graph ─patterns─▶ graph ─select─▶ Assignment ─rebackend─▶ copies
-           ─schedule─▶ run order ─lower─▶ instructions ─buffers─▶ memory plan ─▶ Plan
+    traced ─simplify─▶ graph ─patterns─▶ graph ─fuse─▶ graph ─select─▶ Assignment
+           ─rebackend─▶ copies ─schedule─▶ run order ─lower─▶ instructions ─buffers─▶ memory
+           plan ─▶ Plan
 
 - simplify: `tgx.simplify` (rules as data; nothing unsafe).
 - patterns: each occurrence of a pattern kernel's pattern becomes one `fused` equation whose
   candidates are the kernels and the op-by-op body (`tgx.planning.kernel_patterns`); the
   selection chooses between them, as for any equation.
+- fuse: regions of elementwise ops numba can generate one loop for become one `fused`
+  equation (`tgx.planning.regions`); the loop is a candidate beside the ops.
 - select: the policy's planner — HEURISTIC (`planning.heuristic`), FASTEST
   (`planning.fastest`: a measured whole plan, else the selection), or EXPLORE
   (`tgx.explore`: measure first, then FASTEST). Each returns an `Assignment`.
@@ -39,12 +42,14 @@ from .planning.fastest import fastest_assignment
 from .planning.heuristic import heuristic_assignment
 from .planning.kernel_patterns import match_patterns
 from .planning.options import PlanOptions
+from .planning.regions import fuse_regions
 from .shapes import hint_binding
 from .store import as_store
 from .transforms.simplify import simplify
 
 #: the stages `plan_graph` runs, in order (the lowering's four are `lower_assignment`'s)
-STAGES = ("traced", "simplify", "patterns", "select", "rebackend", "schedule", "lower", "buffers")
+STAGES = ("traced", "simplify", "patterns", "fuse", "select", "rebackend", "schedule", "lower",
+          "buffers")
 
 
 def plan_graph(graph: Graph, options: PlanOptions | None = None, **kw) -> Plan:
@@ -69,6 +74,9 @@ def plan_graph(graph: Graph, options: PlanOptions | None = None, **kw) -> Plan:
     if options.patterns:
         g = match_patterns(g, backends)
     stages.append(("patterns", g))
+    if options.fuse:
+        g = fuse_regions(g, backends)
+    stages.append(("fuse", g))
     assignment = select(g, options, backends)
     stages.append(("select", assignment))
     return lower_assignment(assignment, options, source_graph=graph, stages=stages)
@@ -80,8 +88,11 @@ def transform(graph: Graph, options: PlanOptions | None = None) -> Graph:
     plans for `tgx.compile` measures `transform(graph)`."""
     options = options or PlanOptions()
     g = simplify(graph) if options.simplify else graph
+    backends = check_backends(options.backends, options.device)
     if options.patterns:
-        g = match_patterns(g, check_backends(options.backends, options.device))
+        g = match_patterns(g, backends)
+    if options.fuse:
+        g = fuse_regions(g, backends)
     return g
 
 

@@ -3,14 +3,14 @@ flat instruction list with its buffer plan, and the program after every stage.
 
 `print(plan)` shows the choice per equation (with the figures it was made on), the copies,
 the schedule and the buffer plan; `print(plan.stages)` shows the program after each named
-stage of `tgx.pipeline` (traced, simplify, patterns, select, rebackend, schedule, lower,
-buffers); `plan.run(*args)` runs it; `plan.estimate_memory(N=...)` gives bytes per device.
+stage of `tgx.pipeline` (traced, simplify, patterns, fuse, select, rebackend, schedule,
+lower, buffers); `plan.run(*args)` runs it; `plan.estimate_memory(N=...)` gives bytes per device.
 
 >>> import numpy as np, tgx, tgx.numpy as tnp
 >>> plan = tgx.compile(lambda x: tnp.exp(x) * 2.0, policy="heuristic",
 ...                    backends=["numpy"]).lower(tgx.Spec(("N",)))
 >>> [name for name, _ in plan.stages]
-['traced', 'simplify', 'patterns', 'select', 'rebackend', 'schedule', 'lower', 'buffers']
+['traced', 'simplify', 'patterns', 'fuse', 'select', 'rebackend', 'schedule', 'lower', 'buffers']
 >>> plan.run(np.zeros(3, np.float32))
 array([2., 2., 2.], dtype=float32)
 """

@@ -157,14 +157,22 @@ def test_pointless_round_trips_pruned():
             assert all(src != dst for _, src, dst, _ in s.transfers)
 
 
+def _uses_pattern(p) -> bool:
+    return any(s.option.kernel is not None and s.option.kernel.pattern is not None
+               for s in p.steps)
+
+
 def test_pattern_kernel_found_in_hand_written_rmsnorm():
     def rmsnorm(x, w):
         ms = tnp.mean(x * x, axis=-1, keepdims=True)
         return x / tnp.sqrt(ms + 1e-6) * w
     g = tgx.make_graph(rmsnorm)(S((8, 64)), S((64,)))
     ps = Paths(g, backends=NT, decompose=False, cost_model=PlantedCosts())
-    assert [m.label for m in ps.root.matches] == ["rms_norm_pattern[7 eqns]"]
-    pat = [p for p in ps if any(s.option.kind == "pattern" for s in p.steps)]
+    # the graph tgx.compile plans: the occurrence is one equation, its kernels or its ops
+    (unit,) = ps.root.eqn_units
+    assert unit.label == "fused" and unit.eqn.params["name"] == "rms_norm_pattern"
+    assert [c.kind for c in unit.options] == ["kernel", "kernel", "decomposition"]
+    pat = [p for p in ps if _uses_pattern(p)]
     assert len(pat) == 2  # on numpy and on torch
     no_pat = Paths(g, backends=NT, decompose=False, patterns=False, cost_model=PlantedCosts())
     assert ps.count() == no_pat.count() + 2
@@ -180,8 +188,10 @@ def test_pattern_kernel_in_rms_norm_decomposition():
     g = tgx.make_graph(lambda x, w: tnn.rms_norm(x, 64, w, eps=1e-6))(S((2, 8, 64)), S((64,)))
     ps = Paths(g, backends=NT, cost_model=PlantedCosts())
     sub = ps.root.eqn_units[0].sub
-    assert sub.matches and ps.count() == sum(1 for _ in itertools.islice(ps, 10**6))
-    pat = next(p for p in ps if any(s.option.kind == "pattern" for s in p.steps))
+    assert any(u is not None and u.eqn.params.get("name") == "rms_norm_pattern"
+               for u in sub.eqn_units)
+    assert ps.count() == sum(1 for _ in itertools.islice(ps, 10**6))
+    pat = next(p for p in ps if _uses_pattern(p))
     x = np.random.default_rng(0).standard_normal((2, 8, 64)).astype(np.float32)
     w = np.ones(64, np.float32)
     np.testing.assert_allclose(pat.run(x, w), pat.reference(x, w), rtol=1e-5, atol=1e-5)

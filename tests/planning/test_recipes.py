@@ -17,6 +17,7 @@ from tgx.planning import recipes
 from tgx.planning.assignment import Assignment
 from tgx.planning.cost_model import CostModel
 from tgx.planning.heuristic import heuristic_assignment
+from tgx.pipeline import transform
 from tgx.planning.options import PlanOptions
 from tgx.serialize import SerializationError
 from tgx.store import BenchmarkStore
@@ -26,6 +27,12 @@ BACKENDS = [b for b in ("numpy", "torch", "jax") if backend_available(b)]
 
 def f(x):
     return tnp.tanh(tnp.exp(x) * 2.0 + 1.0)
+
+
+def seen(fn):
+    """`fn`'s graph as `tgx.compile` plans it (simplified, fused): measured plans are keyed
+    by it."""
+    return transform(tgx.make_graph(fn)(tgx.Spec(("N",))))
 
 
 def ref(x):
@@ -72,7 +79,7 @@ def test_payload_round_trip_rebuilds_the_same_plan():
 
 
 def test_fastest_takes_the_fastest_measured_plan(store):
-    g = tgx.make_graph(f)(tgx.Spec(("N",)))
+    g = seen(f)
     slow = heuristic_assignment(g, ["numpy"])
     fast = heuristic_assignment(g, [BACKENDS[-1]])
     plant(store, g, {"N": 64}, "slow", slow, 1.0)
@@ -88,7 +95,7 @@ def test_fastest_takes_the_fastest_measured_plan(store):
 
 
 def test_measured_plans_on_other_backends_are_not_used(store):
-    g = tgx.make_graph(f)(tgx.Spec(("N",)))
+    g = seen(f)
     if len(BACKENDS) > 1:
         plant(store, g, {"N": 64}, "other", heuristic_assignment(g, [BACKENDS[1]]), 1e-9)
     plant(store, g, {"N": 8}, "elsewhere", heuristic_assignment(g, ["numpy"]), 1e-9)
@@ -100,7 +107,7 @@ def test_measured_plans_on_other_backends_are_not_used(store):
 
 
 def test_plan_with_bound_weights_is_a_different_candidate(store):
-    g = tgx.make_graph(f)(tgx.Spec(("N",)))
+    g = seen(f)
     plant(store, g, {"N": 64}, "unbound", heuristic_assignment(g, ["numpy"]), 1e-6)
     bound = PlanOptions(weights=(0,))
     assert recipes.best_measured(g, ["numpy"], store, {"N": 64}, options=bound) is None
@@ -111,7 +118,7 @@ def test_plan_with_bound_weights_is_a_different_candidate(store):
 
 
 def test_a_plan_whose_kernel_changed_is_skipped(store, monkeypatch):
-    g = tgx.make_graph(f)(tgx.Spec(("N",)))
+    g = seen(f)
     a = heuristic_assignment(g, ["numpy"])
     import msgpack
 
@@ -128,7 +135,7 @@ def test_a_plan_whose_kernel_changed_is_skipped(store, monkeypatch):
 
 
 def test_explore_measures_the_shortlist_once_and_fastest_uses_it(store):
-    g = tgx.make_graph(f)(tgx.Spec(("N",)))
+    g = seen(f)
     cm = CostModel(store)
     short = explore.candidate_assignments(g, BACKENDS, cm, {"N": 32})
     assert set(BACKENDS) <= set(short) or len(short) >= len(BACKENDS)
@@ -147,7 +154,7 @@ def test_explore_measures_the_shortlist_once_and_fastest_uses_it(store):
 
 
 def test_an_unmeasured_binding_uses_the_nearest_measured_one(store):
-    g = tgx.make_graph(f)(tgx.Spec(("N",)))
+    g = seen(f)
     fast = heuristic_assignment(g, [BACKENDS[-1]])
     plant(store, g, {"N": 64}, "near", fast, 1e-6)
     plant(store, g, {"N": 4096}, "far", heuristic_assignment(g, ["numpy"]), 1e-9)
@@ -178,7 +185,7 @@ def test_fastest_is_never_slower_than_any_measured_or_single_backend_plan(tmp_pa
         return tnp.tanh(tnp.exp(x) * 2.0 + 1.0) + s.sum(), s * 0.5
 
     opts = PlanOptions(state=((1, 1),)) if stateful else PlanOptions()
-    g = tgx.make_graph(step)(tgx.Spec(("N",)), tgx.Spec((4,)))
+    g = transform(tgx.make_graph(step)(tgx.Spec(("N",)), tgx.Spec((4,))))
     from tgx.planning.selection import realize, select
 
     plans = {b: heuristic_assignment(g, [b]) for b in BACKENDS}

@@ -54,5 +54,5 @@ def test_plan_text():
 
 
 def test_stage_names():
-    assert [n for n, _ in _plan().stages] == ["traced", "simplify", "patterns", "select",
+    assert [n for n, _ in _plan().stages] == ["traced", "simplify", "patterns", "fuse", "select",
                                               "rebackend", "schedule", "lower", "buffers"]

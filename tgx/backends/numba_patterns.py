@@ -25,6 +25,8 @@ registered only when numba is installed, and compiled on first use with an on-di
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .. import nn as tnn
@@ -161,14 +163,23 @@ PATTERNS = (
 )
 
 
+@functools.cache
+def pattern_forms(name: str) -> tuple:
+    """The pattern graphs of library pattern `name`, one per rank of its row inputs (a
+    pattern input matches values of its rank), `eps` a wildcard. Shared by every backend's
+    kernels of the pattern (`tgx.backends.torch_patterns`)."""
+    fn, inputs = next((f, i) for n, f, i, _, _ in PATTERNS if n == name)
+    forms = []
+    for rank in (1, 2, 3):
+        x, w = _specs(rank)
+        form = make_graph(fn)(*[x if c == "r" else w for c in inputs])
+        forms.append(param_wildcards(form, ["eps"]))
+    return tuple(forms)
+
+
 def _register() -> None:
-    for name, fn, inputs, kernel, checker in PATTERNS:
-        forms = []
-        for rank in (1, 2, 3):   # a pattern input matches values of its rank
-            x, w = _specs(rank)
-            form = make_graph(fn)(*[x if c == "r" else w for c in inputs])
-            forms.append(param_wildcards(form, ["eps"]))
-        add_kernel(Kernel(name, NAME, kernel, checker, "numba", pattern=tuple(forms)))
+    for name, _, _, kernel, checker in PATTERNS:
+        add_kernel(Kernel(name, NAME, kernel, checker, "numba", pattern=pattern_forms(name)))
 
 
 if HAVE_NUMBA:

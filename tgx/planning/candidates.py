@@ -22,7 +22,8 @@ from ..backends import available_backends, backend_available, unavailable_reason
 from ..backends.registry import Kernel, kernels_for
 from ..core import Eqn
 from ..transforms.evaluate import concretize
-from .kernel_patterns import accepting_pattern_kernels, pattern_name
+from .kernel_patterns import (accepting_pattern_kernels, generated_kernels, is_region,
+                              pattern_name)
 
 # Variants in the order the heuristic prefers them: a library's dedicated kernel, then a
 # kernel writing into the workspace, then the plain kernel.
@@ -94,6 +95,8 @@ def accepted_kernels(eqn: Eqn, backend: str, declined: list | None = None,
         elif declined is not None:
             declined.append((k, reason))
     out.sort(key=lambda k: VARIANT_RANK.get(k.variant, 3))
+    if is_region(eqn):  # a region of elementwise ops: the loop numba generates from it
+        out = generated_kernels(eqn, backend, declined) + out
     return out
 
 

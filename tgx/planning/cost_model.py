@@ -220,6 +220,15 @@ class CostModel:
             shapes = " ".join("x".join(map(str, s)) for s, _ in wl["inputs"])
             return Estimate(t, "measured", f"nearest binding {wl['key']} (inputs {shapes}), "
                                            f"scaled x{scale:.3g}")
+        if eqn.primitive.name == "fused" and eqn.params.get("name", "fused") == "fused":
+            # a region of `tgx.fuse`: a loop generated from it (`tgx.backends.numba_codegen`)
+            # runs its ops a scalar at a time, which may beat NumPy's passes or lose to its
+            # vectorized transcendentals (a tanh region: 0.95 ms against 0.30 op by op);
+            # NumPy's interpreter of the body runs them op by op. Unmeasured, either is
+            # priced as its ops plus a call, so only a measurement makes it win.
+            t = ovh + sum(self.roofline(e, kernel.backend, dims).seconds
+                          for e in eqn.params["graph"].eqns)
+            return Estimate(t, "cost model", "generated loop, unmeasured: priced as its ops")
         return self.roofline(eqn, kernel.backend, dims)
 
     def roofline(self, eqn, backend, dims) -> Estimate:

@@ -48,7 +48,8 @@ def fastest_assignment(graph: Graph, options: PlanOptions, store, *,
     measured = _fastest_measured(graph, backends, store, cm, dims, options)
     if measured is not None and options.tolerance is None:
         return measured
-    sel = select(graph, backends, cm, dims, weights=options.weights, patterns=options.patterns)
+    sel = select(graph, backends, cm, dims, weights=options.weights, patterns=options.patterns,
+                 fuse=options.fuse)
     if measured is not None:
         # Under a tolerance the selection may hold weights in a lower precision, which no
         # measured plan does: it is taken only when its prediction beats the measured plan;

@@ -33,6 +33,7 @@ from ..transforms.decompose import decomposition_graph
 from ..transforms.rewrite import eval_into, transform_graph
 from .assignment import Assignment
 from .candidates import accepted_kernels
+from .kernel_patterns import is_region
 from .options import TINY
 
 
@@ -50,6 +51,8 @@ def decompose_unsupported(graph: Graph, backends: Sequence[str],
     and (with `primary`) every composite the primary backend lacks a kernel for."""
 
     def rule(eqn, ins):
+        if is_region(eqn):  # a generated loop is taken on a measurement only: its ops
+            return eval_into(decomposition_graph(eqn), ins, rule)
         if primary is not None and eqn.primitive.decomposition is not None:
             if accepted_kernels(eqn, primary):
                 return None

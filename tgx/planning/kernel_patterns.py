@@ -34,6 +34,8 @@ import numpy as np
 from ..backends import available_backends, backend_available, load_backend
 from ..backends import numba_patterns as _generated  # noqa: F401 - tgx's numba pattern kernels
 from ..backends import patterns as _library  # noqa: F401 - registers tgx's pattern kernels
+from ..backends import torch_patterns as _torch  # noqa: F401 - torch's (CUDA on a GPU)
+from ..backends.numba_codegen import generated_kernel, unsupported
 from ..backends.registry import Kernel, all_kernels, kernels_for
 from ..core import Eqn, Graph, Literal, Params, Var
 from ..graph.hashing import structural_hash
@@ -52,7 +54,8 @@ def pattern_name(eqn: Eqn) -> str | None:
     other equation, and for a `tgx.fuse` region)."""
     if eqn.primitive is not fused_p:
         return None
-    return eqn.params.get("name")
+    name = eqn.params.get("name")
+    return None if name == "fused" else name
 
 
 def pattern_groups(backends: Sequence[str]) -> list[tuple[Graph, list[Kernel]]]:
@@ -257,3 +260,22 @@ def accepting_pattern_kernels(eqn: Eqn, backend: str, declined: list | None = No
         elif declined is not None:
             declined.append((k, reason))
     return out
+
+
+def generated_kernels(eqn: Eqn, backend: str, declined: list | None = None) -> list:
+    """For a region of `tgx.fuse` (the fuse stage): the kernel numba generates from its body
+    on the NumPy backend (`tgx.backends.numba_codegen`), checked like a pattern kernel."""
+    if backend != "numpy":
+        return []
+    k = generated_kernel(eqn)
+    reason = (unsupported(eqn) or "numba is not installed") if k is None else declines(k, eqn)
+    if reason is None:
+        return [k]
+    if declined is not None:
+        declined.append(("generated numba loop", reason))
+    return []
+
+
+def is_region(eqn: Eqn) -> bool:
+    """Whether `eqn` is a region of `tgx.fuse` (a `fused` equation not named by a pattern)."""
+    return eqn.primitive is fused_p and pattern_name(eqn) is None

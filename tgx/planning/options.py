@@ -35,7 +35,8 @@ class PlanOptions:
     `state`: (input index, output index) pairs of state buffers; `in_names`: the argument
     names errors use; `dims`: the binding the measured policies choose at (default: every
     symbol at the hint, 64); `simplify`: run `tgx.simplify` before selecting; `patterns`:
-    offer pattern kernels where their patterns occur (`tgx.planning.kernel_patterns`);
+    offer pattern kernels where their patterns occur (`tgx.planning.kernel_patterns`); `fuse`:
+    offer generated loops for regions of elementwise ops (`tgx.planning.regions`);
     `explore_budget`: seconds EXPLORE may spend measuring (None: until done);
     `lossy_below`: under `tolerance`, kernels holding weights in a lower precision may be
     chosen when the error they promise (`Kernel.lossy`) is below this (`tgx.compile` lowers
@@ -55,6 +56,7 @@ class PlanOptions:
     state: tuple[tuple[int, int], ...] = ()
     simplify: bool = True
     patterns: bool = True
+    fuse: bool = True
     explore_budget: float | None = None
     lossy_below: float = math.inf
 

@@ -2,9 +2,12 @@
 
 A *path* picks, for every equation of the graph: a kernel on one of the allowed backends (every
 accepted variant), or the primitive's decomposition (whose sub-graph then gets its own
-choices, recursively), or — for a set of equations matching a pattern kernel's `pattern`
-(`tgx.backends.patterns`, found with `tgx.find_pattern` in the graph and in every
-decomposition) — that one pattern kernel. Running a kernel on another backend than the one
+choices, recursively), or — for a set of equations matching a pattern kernel's `pattern` —
+that one pattern kernel. The graph is the one `tgx.compile` plans: its pattern occurrences are
+one `fused` equation each (the patterns stage, `tgx.planning.kernel_patterns`, applied to the
+graph and to every decomposition), whose options are the pattern kernels and the op-by-op
+body; other occurrences (a pattern kernel kept by `kernels_only` that the stage left out) are
+chosen as sets of compatible occurrences. Running a kernel on another backend than the one
 holding its inputs is a detour through `copy_to`: transfers are implied by the backends, as
 `tgx.rebackend` inserts them (a value is copied to a backend once and reused there; outputs
 return to NumPy). Pointless round trips never arise: `copy_to` equations already in the graph
@@ -22,14 +25,16 @@ carry no choice, and a value is never copied back to where it already is.
   without enumerating. By default one plan per backend assignment and decomposition/pattern
   choices (its kernels' best variants); `ranked(distinct=False)` yields every variant.
 - filters: `backends=`, `max_transfers=`, `decompose=False` (decompose only equations no kernel
-  accepts), `patterns=False`, `kernels_only=` (kernel names/reprs, or a predicate on `Kernel`).
+  accepts), `patterns=False` (the graph as traced: no pattern occurrences, no generated
+  region loops), `kernels_only=` (kernel names/reprs, or a predicate on `Kernel`).
 
 Each `PathPlan` carries its predicted cost with, per step, where the figure came from
 ("measured" in the store, "cost model", or "unknown"); `summary()`, `run(*args)`,
 `profile(*args, store=)`, `save(store)`.
 
 >>> import tgx, tgx.numpy as tnp
->>> ps = tgx.paths(lambda x: tnp.exp(x) * 2.0)(tgx.Spec((8,)), backends=["numpy"])
+>>> ps = tgx.paths(lambda x: tnp.exp(x) * 2.0)(tgx.Spec((8,)), backends=["numpy"],
+...                                            patterns=False)
 >>> ps.count(), len(list(ps))
 (4, 4)
 """
@@ -57,8 +62,9 @@ from .assignment import Assignment
 from .candidates import Candidate, candidates
 from .cost_model import CostModel
 from .path_count import count_within_transfers
-from .kernel_patterns import declines, fused_equation, pattern_name
+from .kernel_patterns import declines, fused_equation, match_patterns
 from .path_space import ANY, Level, Unit, _lower_bounds
+from .regions import fuse_regions
 from .path_space import resolve_alias as _resolve
 from .transfers import copy_source
 
@@ -168,9 +174,16 @@ class Paths:
                  decompose: bool = True, patterns: bool = True,
                  kernels_only: Iterable[str] | Callable[[Kernel], bool] | None = None,
                  cost_model=None, name: str | None = None):
-        self.graph = graph
         self.name = name or "graph"
         self.backends = check_backends(backends)
+        # the graph `tgx.compile` plans: each pattern occurrence one `fused` equation whose
+        # options are its kernels and its op-by-op body (a product of choices; all subsets
+        # of overlapping occurrences made the search for a Gemma block's second-best plan
+        # run for minutes)
+        # (and its generatable elementwise regions one `fused` equation each, the fuse stage)
+        if patterns:
+            graph = fuse_regions(match_patterns(graph, self.backends), self.backends)
+        self.graph = graph
         #: where graph inputs live and outputs go (the host backend)
         self.host = host_name()
         self.store = store
@@ -205,10 +218,13 @@ class Paths:
         opts = [c for c in candidates(eqn, self.backends) if c.kind == "kernel"
                 and (self._keep is None or self._keep(c.kernel))]
         sub = None
-        if eqn.primitive.decomposition is not None and (self.decompose or not opts):
-            # the body of a pattern occurrence: its op-by-op form, not searched again
-            sub = Level(decomposition_graph(eqn), self, depth + 1,
-                        patterns=pattern_name(eqn) is None)
+        occurrence = eqn.primitive.name == "fused"   # the op-by-op body is always an option
+        if eqn.primitive.decomposition is not None and (self.decompose or not opts
+                                                        or occurrence):
+            sub_graph = decomposition_graph(eqn)
+            if self.patterns and eqn.primitive.name != "fused":  # a body is not searched again
+                sub_graph = fuse_regions(match_patterns(sub_graph, self.backends), self.backends)
+            sub = Level(sub_graph, self, depth + 1, patterns=not occurrence)
             opts.append(Candidate("decomposition"))
         return Unit(eqn, opts, sub, (index,), index)
 

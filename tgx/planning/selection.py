@@ -41,7 +41,8 @@ from ..transforms.rewrite import eval_into, rebind, transform_graph
 from .assignment import Assignment
 from .candidates import Candidate, candidates
 from .cost_model import CostModel, Estimate
-from .kernel_patterns import match_patterns, pattern_name
+from .kernel_patterns import match_patterns
+from .regions import fuse_regions
 
 # Above this many DP states per step (live values x backends x copies) the exact frontier DP
 # gives way to DP + local improvement.
@@ -116,10 +117,13 @@ def check_tolerance(graph: Graph, tolerance: float | None) -> None:
 
 
 class _Selector:
-    def __init__(self, backends, cm: CostModel, dims, free=(), patterns: bool = False):
+    def __init__(self, backends, cm: CostModel, dims, free=(), patterns: bool = False,
+                 fuse: bool = False):
         self.backends = list(backends)
-        # decompositions are searched for pattern kernels of every allowed backend
-        self.patterns = list(backends) if patterns else None
+        # decompositions are searched for pattern kernels and generatable regions of every
+        # allowed backend
+        self.patterns, self.fuse = patterns, fuse
+        self.all_backends = list(backends)
         self.cm = cm
         self.dims = dims
         self.free = frozenset(free)  # value ids whose transfers are free (bound weights)
@@ -179,8 +183,11 @@ class _Selector:
         key = _eqn_key(eqn)
         if key not in self._subs:
             sub = decomposition_graph(eqn)
-            if self.patterns is not None and pattern_name(eqn) is None:
-                sub = match_patterns(sub, self.patterns)  # a pattern's body: not again
+            if eqn.primitive.name != "fused":  # inside a composite, not in a body again
+                if self.patterns:
+                    sub = match_patterns(sub, self.all_backends)
+                if self.fuse:
+                    sub = fuse_regions(sub, self.all_backends)
             self._subs[key] = sub
         return self._subs[key]
 
@@ -435,16 +442,18 @@ class _Selector:
 
 
 def select(graph: Graph, backends, cost_model: CostModel, dims: dict,
-           weights=(), patterns: bool = False) -> Selection:
+           weights=(), patterns: bool = False, fuse: bool = False) -> Selection:
     """The cheapest choice per equation of `graph` on `backends` at binding `dims`.
 
     `weights`: indices of the inputs that are bound weights: converted once, not per call,
     so their transfers cost nothing. `patterns`: decompositions offer the pattern kernels
     that occur in them (`tgx.planning.kernel_patterns`; the graph itself went through the
-    patterns stage already)."""
+    patterns stage already); `fuse`: so do generatable regions of elementwise ops (the fuse
+    stage)."""
     check_tolerance(graph, cost_model.tolerance)
     free = [graph.invars[i].id for i in weights]
-    return _Selector(backends, cost_model, dict(dims or {}), free, patterns).solve(graph)
+    return _Selector(backends, cost_model, dict(dims or {}), free, patterns,
+                     fuse).solve(graph)
 
 
 def select_brute_force(graph: Graph, backends, cost_model: CostModel, dims: dict) -> Selection:
