@@ -73,6 +73,20 @@ def test_generated_loop_matches_float64(ops, shape, dtype, seed):
                                rtol=tol * 10, atol=tol * 10)
 
 
+def test_scalar_inputs_and_bool_predicates():
+    def f(x, s, lo):
+        return tnp.where(x > lo, tnp.exp(x) * s, x - s)
+    g = fuse_regions(tgx.make_graph(f)(S((3, 5)), S(()), S(())), ["numpy"])
+    (eqn,) = g.eqns
+    x = np.linspace(-2, 2, 15, dtype=np.float32).reshape(3, 5)
+    s, lo = np.float32(1.5), np.float32(0.25)
+    by_id = dict(zip((v.id for v in g.invars), (x, s, lo)))
+    got = C.generated_kernel(eqn).fn(*[by_id[v.id] for v in eqn.invars])
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(got, np.where(x64 > 0.25, np.exp(x64) * 1.5, x64 - 1.5),
+                               rtol=1e-6)
+
+
 def test_what_is_declined():
     def fused(f, *specs):
         return tgx.fuse(tgx.make_graph(f)(*specs)).eqns[0]

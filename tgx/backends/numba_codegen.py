@@ -189,7 +189,8 @@ def _runner(src: str, fn_name: str, eqn: Eqn):
         nonlocal loop
         if loop is None:
             loop = _compile(src, fn_name)
-        xs = [np.ascontiguousarray(x) for x in xs]
+        # (ascontiguousarray makes a 0-d array 1-d: the loop reads a 0-d input as a scalar)
+        xs = [np.ascontiguousarray(x) if np.ndim(x) else np.asarray(x) for x in xs]
         shape = next((np.shape(x) for x in xs if np.ndim(x)), ())
         outs = [np.empty(shape, dt) for dt in out_dtypes]
         try:
