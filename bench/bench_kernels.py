@@ -15,7 +15,9 @@ in one process, rotating order per round:
 - `torch eager`, `jax.jit`: the expression in each library.
 
 Prints the median per call, the spread (p90/median), and the ratios to `tgx op by op` and to
-the best peer. End to end, `bench_gemma.py` has rows with patterns off.
+the best peer. `--patterns rope`: the numba kernel of the primitive `apply_rotary_emb` against
+NumPy's (`tgx op by op` there is tgx's NumPy kernel). End to end, `bench_gemma.py` has rows
+with patterns off.
 """
 
 from __future__ import annotations
@@ -101,6 +103,39 @@ def contenders(name, spec, rows):
     return out
 
 
+def rope_contenders(rows):
+    """RoPE (`apply_rotary_emb`, a primitive) on Gemma's q: 4 heads x rows x 256."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from tgx.backends.registry import kernels_for
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, rows, 256)).astype(np.float32)
+    cos, sin = (rng.standard_normal((rows, 256)).astype(np.float32) for _ in range(2))
+    ks = {k.variant: k.fn for k in kernels_for("apply_rotary_emb", "numpy")}
+
+    def rot(v, cat, neg):
+        return cat([neg(v[..., 128:]), v[..., :128]])
+
+    tx, tc, ts = (torch.from_numpy(a) for a in (x, cos, sin))
+    jx, jc, js = (jnp.asarray(a) for a in (x, cos, sin))
+    jitted = jax.jit(lambda v, c, s_: v * c + rot(v, lambda a: jnp.concatenate(a, -1),
+                                                    jnp.negative) * s_)
+    out = {
+        "tgx kernel": lambda: ks["numba"](x, cos, sin),
+        "tgx op by op": lambda: ks["library"](x, cos, sin),   # NumPy's kernel: 3 passes
+        "NumPy": lambda: x * cos + rot(x, lambda a: np.concatenate(a, -1), np.negative) * sin,
+        "torch eager": lambda: tx * tc + rot(tx, lambda a: torch.cat(a, -1), torch.neg) * ts,
+        "jax.jit": lambda: jitted(jx, jc, js).block_until_ready(),
+    }
+    want = np.asarray(out["NumPy"](), np.float64)
+    for k, f in out.items():
+        assert np.abs(np.asarray(f(), np.float64) - want).max() < 1e-4, k
+    return out
+
+
 def measure(fns: dict, rounds: int) -> dict:
     """Per contender, the per-call times of rounds of rotating order; each round one warm-up
     call and a burst of calls sized to ~20 ms."""
@@ -127,7 +162,7 @@ def report(title: str, times: dict) -> None:
     med = {k: float(np.median(v)) for k, v in times.items()}
     peers = [k for k in med if not k.startswith("tgx")]
     best = min(peers, key=med.get)
-    print(f"\n{title}: median per call over {len(times['tgx pattern'])} rounds; ratios to "
+    print(f"\n{title}: median per call over {len(next(iter(times.values())))} rounds; ratios to "
           f"tgx op by op and to the best peer ({best})")
     print(f"  {'contender':14s} {'median µs':>10s} {'p90/med':>8s} {'/op-by-op':>10s} "
           f"{'/best peer':>10s}")
@@ -149,6 +184,11 @@ def main(argv=None) -> None:
             fns = contenders(name, spec, rows)
             report(f"{name}, {phase} ({rows} row{'s' if rows > 1 else ''})",
                    measure(fns, args.rounds))
+    if not args.patterns or "rope" in args.patterns:
+        for phase, rows in (("prefill", 128), ("decode", 1)):
+            times = measure(rope_contenders(rows), args.rounds)
+            report(f"apply_rotary_emb (a primitive: numba kernel against NumPy's), {phase} "
+                   f"(4 heads x {rows} x 256)", times)
 
 
 if __name__ == "__main__":

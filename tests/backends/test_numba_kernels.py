@@ -258,6 +258,30 @@ def test_rms_norm_matches_float64_reference(rows, d, seed):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
 
 
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 4), max_size=2), st.integers(1, 9), st.integers(1, 40),
+       st.integers(0, 2**31 - 1))
+def test_rope_matches_float64_reference(lead, n, half, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((*lead, n, 2 * half)).astype(np.float32)
+    cos, sin = (rng.standard_normal((n, 2 * half)).astype(np.float32) for _ in range(2))
+    x64 = x.astype(np.float64)
+    rot = np.concatenate([-x64[..., half:], x64[..., :half]], axis=-1)
+    want = x64 * cos + rot * sin
+    got = nk.rope_f32(x, cos, sin)
+    assert got.shape == x.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    out = np.empty_like(x)
+    assert nk.rope_f32(x.transpose(*range(x.ndim - 2), x.ndim - 2, x.ndim - 1), cos, sin,
+                       out=out) is out
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    k = next(k for k in kernels_for("apply_rotary_emb", "numpy") if k.variant == "numba")
+    bad = tgx.make_graph(lambda x, c, s: tnn.apply_rotary_emb(x, c, s))(
+        tgx.Spec((2, 4, 8)), tgx.Spec((1, 8)), tgx.Spec((1, 8)))
+    assert "cos and sin of x's last two axes" in k.check(
+        [v.aval for v in bad.invars], {})
+
+
 def _attention64(q, k, v, mask, scale):
     reps = q.shape[0] // k.shape[0]
     k, v = np.repeat(k, reps, axis=0).astype(np.float64), np.repeat(v, reps, axis=0)

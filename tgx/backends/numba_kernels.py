@@ -1,5 +1,5 @@
 """Kernels tgx generates with numba: GEMVs that stream weights (in float32, or held in a lower
-precision) for decoding's products of a few rows, and decode's RMSNorm and attention.
+precision) for decoding's products of a few rows, decode's RMSNorm and attention, and RoPE.
 
 Decode is bound by streaming the weights once per token (Gemma-3-270m: ~480 MB of float32
 per step). These kernels run `linear` (y = x @ w.T + b) with few rows of `x` as a parallel
@@ -117,6 +117,18 @@ def _rms_norm_rows(x, w, eps, out):
             out[r, i] = x[r, i] * inv * w[i]
 
 
+def _rope(x, cos, sin, out):
+    """x (B, S, D) * cos (S, D) + rotate_half(x) * sin, one pass (HF's rotate_half)."""
+    b, n, d = x.shape
+    h = d // 2
+    for i in range(b):
+        for t in range(n):
+            for j in range(h):
+                x1, x2 = x[i, t, j], x[i, t, j + h]
+                out[i, t, j] = x1 * cos[t, j] - x2 * sin[t, j]
+                out[i, t, j + h] = x2 * cos[t, j + h] + x1 * sin[t, j + h]
+
+
 def _attend(q, k, v, mask, scale, out):
     """softmax(q k^T * scale, masked) v for few query rows; q (Hq, L, E), k/v (Hk, S, E),
     mask (L, S) bool; query head h reads key/value head h // (Hq // Hk)."""
@@ -158,6 +170,7 @@ gemv_f32, gemv_bf16, gemv_int8 = _jit(_gemv_f32), _jit(_gemv_bf16), _jit(_gemv_i
 # small per-call work: serial (no thread pool to wake, nothing to fight BLAS over)
 rms_norm_rows = _jit(_rms_norm_rows, parallel=False)
 attend = _jit(_attend, parallel=False)
+rope_rows = _jit(_rope, parallel=False)
 
 
 # -- holding weights in a lower precision (once per bound weight) ----------------------------
@@ -297,6 +310,25 @@ def rms_norm_f32(x, w, *, normalized_shape, eps, has_weight, out=None):
     return y2.reshape(x.shape) if out is None else out
 
 
+def _rope_checker(avals, params):
+    x, cos, sin = avals
+    if any(a.dtype != np.float32 for a in avals):
+        return f"float32 only, got {', '.join(a.str_short() for a in avals)}"
+    if x.ndim < 2 or cos.shape != x.shape[-2:] or sin.shape != x.shape[-2:]:
+        return f"cos and sin of x's last two axes (S, D), got {cos.str_short()} for " \
+               f"{x.str_short()}"
+    return None
+
+
+def rope_f32(x, cos, sin, out=None):
+    """RoPE (`apply_rotary_emb`) in one pass over x, float32: per (S, D) tables."""
+    n, d = x.shape[-2:]
+    x3 = np.ascontiguousarray(x.reshape(-1, n, d))
+    y = np.empty_like(x3) if out is None else out.reshape(x3.shape)
+    rope_rows(x3, np.ascontiguousarray(cos), np.ascontiguousarray(sin), y)
+    return y.reshape(x.shape) if out is None else out
+
+
 def _attention_checker(avals, params):
     q, k, v = avals[:3]
     if any(a.dtype != np.float32 for a in (q, k, v)):
@@ -356,3 +388,5 @@ if HAVE_NUMBA:
                     writes_out=True)(rms_norm_f32)
     register_kernel("scaled_dot_product_attention", NAME, checker=_attention_checker,
                     variant="numba", writes_out=True)(attention_f32)
+    register_kernel("apply_rotary_emb", NAME, checker=_rope_checker, variant="numba",
+                    writes_out=True)(rope_f32)
