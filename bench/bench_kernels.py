@@ -29,6 +29,7 @@ import numpy as np
 
 import tgx
 import tgx.nn as tnn
+import tgx.numpy as tnp
 
 D, F, EPS = 640, 2048, 1e-6
 
@@ -54,7 +55,23 @@ def patterns():
     def j_rms(h, w):
         return h * jax.lax.rsqrt(jnp.mean(h * h, -1, keepdims=True) + EPS) * w
 
+    def t_sm(s, m, c):
+        return torch.softmax(torch.where(m, s * c, float("-inf")), -1)
+
+    def j_sm(s, m, c):
+        return jax.nn.softmax(jnp.where(m, s * c, -jnp.inf), axis=-1)
+
+    def n_sm(s, m, c):
+        z = np.where(m, s * c, np.float32(-np.inf))
+        e = np.exp(z - z.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)
+
     return {
+        "scaled_masked_softmax": (   # attention weights: 4 heads, causal mask (L, S)
+            lambda s, m, c: tnn.softmax(tnp.where(m, s * c, -np.inf), axis=-1),
+            n_sm, t_sm, j_sm,
+            lambda r: [(4, r, 128 if r > 1 else 256), ("bool", r, 128 if r > 1 else 256),
+                       ("scalar",)]),
         "rms_norm_1p": (
             lambda h, w: tnn.rms_norm(h, (D,), 1.0 + w, EPS),
             lambda h, w: _np_rms(h, 1 + w), lambda h, w: t_rms(h, 1 + w),
@@ -78,13 +95,20 @@ def contenders(name, spec, rows):
 
     fn, np_fn, t_fn, j_fn, shapes = spec
     rng = np.random.default_rng(0)
-    args = [rng.standard_normal(s).astype(np.float32) for s in shapes(rows)]
+    def draw(s):
+        if s[0] == "bool":          # a causal mask over the last positions
+            r, n = s[1:]
+            return np.tril(np.ones((r, n), bool), n - r)
+        if s[0] == "scalar":
+            return np.float32(0.0625)
+        return rng.standard_normal(s).astype(np.float32)
+    args = [draw(s) for s in shapes(rows)]
     on = tgx.compile(fn, backends=["numpy"], policy="heuristic")
     off = tgx.compile(fn, backends=["numpy"], policy="heuristic", patterns=False)
     plan = on.lower(*args)
     assert [k.name for k in plan.kernels] == [name], plan.kernels
     kernel = plan.kernels[0].bind(plan.graph.eqns[0].params)
-    targs = [torch.from_numpy(a) for a in args]
+    targs = [torch.from_numpy(np.asarray(a)) for a in args]
     jargs = [jnp.asarray(a) for a in args]
     jitted = jax.jit(j_fn)
     out = {

@@ -143,8 +143,9 @@ def explore_kernels(graph: Graph, backends, store, cost_model, dims, budget_s: f
 def candidate_assignments(graph: Graph, backends: Sequence[str], cost_model, dims: Mapping,
                           options: PlanOptions | None = None) -> dict[str, Assignment]:
     """{label: Assignment} worth measuring as a whole: the heuristic plan, each
-    single-backend plan, and the best predicted plan on every set of two or more `backends`
-    (duplicates dropped)."""
+    single-backend plan, and the best predicted plan on every set of `backends` (one
+    backend included: there the selection takes the measured pattern kernels and generated
+    loops the heuristic leaves out); duplicates dropped."""
     options = options or PlanOptions()
     out: dict[str, Assignment] = {}
     seen: set = set()
@@ -162,9 +163,10 @@ def candidate_assignments(graph: Graph, backends: Sequence[str], cost_model, dim
     add("heuristic", lambda: heuristic_assignment(graph, backends))
     for b in backends:
         add(b, lambda b=b: heuristic_assignment(graph, [b]))
-    for n in range(2, len(backends) + 1):
+    for n in range(1, len(backends) + 1):
         for subset in itertools.combinations(backends, n):
-            add("+".join(subset), lambda subset=subset: realize(
+            label = "+".join(subset) if n > 1 else f"{subset[0]} selected"
+            add(label, lambda subset=subset: realize(
                 select(graph, list(subset), cost_model, dims, weights=options.weights,
                        patterns=options.patterns, fuse=options.fuse),
                 "explore"))

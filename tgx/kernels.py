@@ -29,9 +29,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .backends import backend_available, check_backends
+from .backends import backend_available, check_backends, load_backend
 from .backends.registry import Kernel, add_kernel, all_kernels, remove_kernel
-from .core import Eqn, Graph, Params
+from .core import PRIMITIVES, Eqn, Graph, Params
 from .errors import KernelError, TgxError
 from .graph.pattern import as_pattern, param_wildcards
 from .planning.kernel_patterns import verify_kernel
@@ -78,6 +78,8 @@ def register_kernel(pattern: Callable | Graph | str, impl: Callable | None = Non
             return fn
         return deco
     check_backends([backend])
+    if backend_available(backend):
+        load_backend(backend)  # its own kernels first: a clash is then this call's error
     check = None if checker is None else (lambda avals, params: checker(*avals))
     if isinstance(pattern, str):
         return add_kernel(Kernel(pattern, backend, impl, check, variant))
@@ -93,6 +95,10 @@ def register_kernel(pattern: Callable | Graph | str, impl: Callable | None = Non
     name = name or getattr(pattern, "__name__", None)
     if not name or name == "<lambda>":
         raise TgxError("register_kernel: a pattern given as a lambda (or a Graph) needs name=")
+    if name in PRIMITIVES:
+        raise TgxError(f"register_kernel: {name!r} is the name of a primitive; give the "
+                       f"pattern another name= (or register a kernel for the primitive by "
+                       f"passing its name as the pattern)")
     kernel = add_kernel(Kernel(name, backend, impl, check, variant, pattern=graph))
     if backend_available(backend):  # checked on the pattern as traced (wildcards bound)
         eqn = Eqn(fused_p, tuple(graph.invars), tuple(graph.outvars),

@@ -157,3 +157,39 @@ def test_fuse_stage_in_compile_and_choice_by_measurement(monkeypatch):
                                rtol=1e-6)
     off = tgx.compile(f, backends=["numpy"], store=None, fuse=False).lower(x, x)
     assert "fused" not in str(off.stages["fuse"])
+
+
+def test_rounding_as_numpy_and_infinite_literals():
+    """No fastmath: float32 rounds each op as NumPy does; ±inf literals are spelled exactly
+    (an attention mask's -inf)."""
+    def f(a, m):
+        return tnp.where(m, (a + 1e8) - 1e8, -np.inf)
+    g = fuse_regions(tgx.make_graph(f)(S((4,)), S((4,), "bool")), ["numpy"])
+    (eqn,) = g.eqns
+    a = np.float32([0.5, 3.0, -2.0, 1.0])
+    m = np.array([True, True, False, True])
+    by_id = dict(zip((v.id for v in g.invars), (a, m)))
+    got = C.generated_kernel(eqn).fn(*[by_id[v.id] for v in eqn.invars])
+    want = np.where(m, (a + np.float32(1e8)) - np.float32(1e8), np.float32(-np.inf))
+    np.testing.assert_array_equal(got, want)
+
+
+def test_a_region_with_a_0d_output_is_declined():
+    def f(x):
+        y = tnp.exp(x) * 2.0
+        return y, y + 1.0
+    g = tgx.fuse(tgx.make_graph(lambda x, s: (tnp.exp(x) * 2.0, tnp.exp(s) * 3.0))(
+        S((8,)), S(())))
+    for e in g.eqns:
+        if e.primitive.name == "fused" and any(v.aval.ndim == 0 for v in e.outvars):
+            assert "no broadcasts" in C.unsupported(e) or "0-d" in C.unsupported(e)
+
+
+def test_a_stored_plan_with_a_generated_loop_loads_again():
+    """Measured whole plans are stored as bytes naming their kernels: a generated loop is
+    found again from its region (EXPLORE's measured plan was otherwise skipped)."""
+    from tgx.planning.assignment import Assignment
+    g = fuse_regions(tgx.make_graph(lambda x: tnp.exp(x) * 3.0 - x)(S((6,))), ["numpy"])
+    k = C.generated_kernel(g.eqns[0])
+    back = Assignment.from_bytes(Assignment(g, ("numpy",), (k,)).to_bytes())
+    assert back.kernels[0].variant == "numba" and back.kernels[0].source_hash == k.source_hash

@@ -16,6 +16,7 @@ from hypothesis import given, settings
 
 import tgx
 import tgx.nn as tnn
+import tgx.numpy as tnp
 from tgx.planning import fastest
 from tgx.planning.cost_model import CostModel, Estimate
 from tgx.planning.kernel_patterns import match_patterns, pattern_name
@@ -117,3 +118,39 @@ def test_in_a_compiled_block_against_float64(monkeypatch):
     gate = gelu64(h @ wg.T) * (h @ wu.T)
     np.testing.assert_allclose(plan(x, wn, wo, wg, wu), x + rms64(gate, 1.0 + wo, 1e-5),
                                rtol=1e-4, atol=1e-4)
+
+
+def softmax64(s, mask, scale):
+    z = np.where(mask, s.astype(np.float64) * scale, -np.inf)
+    with np.errstate(invalid="ignore"):
+        e = np.exp(z - z.max(-1, keepdims=True))
+        return e / e.sum(-1, keepdims=True)          # a fully masked row: NaN
+
+
+@settings(max_examples=25, deadline=None)
+@given(lead=st.lists(st.integers(1, 3), max_size=2).map(tuple), rows=st.integers(1, 6),
+       n=st.integers(1, 40), full_mask=st.booleans(), seed=st.integers(0, 2**16))
+def test_masked_softmax_matches_float64(lead, rows, n, full_mask, seed):
+    rng = np.random.default_rng(seed)
+    s = rng.standard_normal((*lead, rows, n)).astype(np.float32) * 4
+    mask = rng.random((*lead, rows, n) if full_mask else (rows, n)) < 0.7
+    got = NP.scaled_masked_softmax(s, mask, np.float32(0.3))
+    np.testing.assert_allclose(got, softmax64(s, mask, 0.3), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(NP.masked_softmax(s, mask), softmax64(s, mask, 1.0), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_hand_written_attention_gets_the_softmax_kernel(monkeypatch):
+    monkeypatch.setattr(fastest, "CostModel", lambda *a, **k: Prices())
+
+    def attn(q, k, v, mask):
+        s = q @ k.swapaxes(-1, -2)
+        return tnn.softmax(tnp.where(mask, s * 0.25, -np.inf), axis=-1) @ v
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((2, 5, 16)).astype(np.float32) for _ in range(3))
+    mask = np.tril(np.ones((5, 5), bool))
+    plan = tgx.compile(attn, backends=["numpy"], store=None).lower(q, k, v, mask)
+    assert "scaled_masked_softmax" in [kk.name for kk in plan.kernels]
+    s = q.astype(np.float64) @ k.swapaxes(-1, -2)
+    np.testing.assert_allclose(plan(q, k, v, mask), softmax64(s, mask, 0.25) @ v, rtol=1e-5,
+                               atol=1e-6)

@@ -340,3 +340,12 @@ def test_explain_lists_choices_alternatives_and_the_op_by_op_form(registered):
     seven = tgx.compile(tanh_exp, backends=["numpy"], store=None).lower(
         np.ones(7, np.float32), np.ones(7, np.float32))
     assert "tanh_exp" not in seven.explain()                  # declined: never an occurrence
+
+
+def test_a_pattern_named_like_a_primitive_is_refused_and_never_offered_to_plain_ops():
+    with pytest.raises(tgx.TgxError, match="'softmax' is the name of a primitive"):
+        tgx.register_kernel(lambda x: tnn.softmax(x, axis=-1), lambda x: x, name="softmax",
+                            specs=(S(("N", "D")),))
+    cands = tgx.candidates(tgx.make_graph(lambda x: tnn.softmax(x, axis=0))(S((3, 4))).eqns[0],
+                           ["numpy"])
+    assert all(c.kernel is None or c.kernel.pattern is None for c in cands)

@@ -55,9 +55,6 @@ OPS = {
     "broadcast_in_dim": "{a}",   # of a 0-d value only (checked): the scalar itself
 }
 _DTYPES = {"float32", "float64", "bool"}
-# contraction, reciprocals, reassociation: what makes loops vectorize; not "nnan"/"ninf",
-# so NaN and inf behave as in NumPy
-_FASTMATH = '{"contract", "arcp", "reassoc", "nsz", "afn"}'
 
 
 def _body(eqn: Eqn) -> Graph:
@@ -81,7 +78,7 @@ def unsupported(eqn: Eqn) -> str | None:
         a = v.aval
         if a.dtype.name not in _DTYPES:
             return f"dtype {a.dtype.name} (float32, float64 and bool only)"
-        if a.shape != shape and a.ndim:
+        if a.shape != shape and (a.ndim or v in body.outvars):
             return f"value of shape {a.str_short()} in a region of shape {shape} (no broadcasts)"
     if body.constvars:
         return "constants in the body"
@@ -94,7 +91,7 @@ def source(eqn: Eqn, fn_name: str) -> str:
     names: dict[int, str] = {}
     ins = [f"i{k}" for k in range(len(body.invars))]
     outs = [f"o{k}" for k in range(len(body.outvars))]
-    head, loop = [], []
+    head, loop, consts = [], [], []
     for k, v in enumerate(body.invars):
         if v.aval.ndim:
             head.append(f"    f{k} = i{k}.reshape(-1)")
@@ -107,8 +104,13 @@ def source(eqn: Eqn, fn_name: str) -> str:
 
     def atom(x) -> str:
         if isinstance(x, Literal):
-            return f"np.{x.aval.dtype.name}({x.val!r})" if x.aval.dtype.name != "bool" \
-                else repr(bool(x.val))
+            if x.aval.dtype.name == "bool":
+                return repr(bool(x.val))
+            # a module constant (numba freezes globals), written with float.fromhex: exact,
+            # and inf / nan spelled as Python reads them
+            consts.append(f"C{len(consts)} = np.{x.aval.dtype.name}"
+                          f"(float.fromhex({float(x.val).hex()!r}))")
+            return f"C{len(consts) - 1}"
         return names[x.id]
 
     for j, e in enumerate(body.eqns):
@@ -121,8 +123,10 @@ def source(eqn: Eqn, fn_name: str) -> str:
     for k, v in enumerate(body.outvars):
         loop.append(f"        r{k}[i] = {atom(v)}")
     return "\n".join([
-        "import math", "", "import numba", "import numpy as np", "", "",
-        f"@numba.njit(cache=True, error_model='numpy', fastmath={_FASTMATH})",
+        "import math", "", "import numba", "import numpy as np", "", *consts, "",
+        # no fastmath: each op rounds as NumPy's does ((a + 1e8) - 1e8 stays 0 in float32);
+        # an elementwise loop vectorizes without it
+        "@numba.njit(cache=True, error_model='numpy')",
         f"def {fn_name}({', '.join(ins + outs)}):", *head,
         "    for i in range(r0.size):", *loop, ""])
 
@@ -144,8 +148,9 @@ def _compile(src: str, fn_name: str):
     try:
         d = _cache_dir()
         d.mkdir(parents=True, exist_ok=True)
-        path = d / f"{fn_name}.py"
-        if not path.exists() or path.read_text() != src:
+        # named by its content too: two tgx versions sharing the cache never swap sources
+        path = d / f"{fn_name}_{hashlib.sha256(src.encode()).hexdigest()[:8]}.py"
+        if not path.exists() or path.read_bytes() != src.encode():
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(src)
             os.replace(tmp, path)       # atomic: a concurrent reader sees all or nothing
@@ -155,7 +160,7 @@ def _compile(src: str, fn_name: str):
         sys.modules[name] = mod       # numba's cache looks the function's module up
         spec.loader.exec_module(mod)
         return getattr(mod, fn_name)
-    except OSError:
+    except Exception:  # noqa: BLE001 - a cache that cannot be used is only not used
         return _in_memory(src, fn_name)
 
 

@@ -4,7 +4,9 @@ its matrix products, wherever a model contains it (`tgx.planning.kernel_patterns
 - `rms_norm_1p`: `rms_norm(h, 1 + w)`, Gemma's RMSNorm (the weight is stored minus one);
 - `residual_rms_norm`: `x + rms_norm(h, w)`, a residual add of a normalised branch;
 - `residual_rms_norm_1p`: `x + rms_norm(h, 1 + w)`, the same in Gemma's form;
-- `gelu_tanh_gate`: `gelu(a, approximate="tanh") * b`, the GeGLU gate of an MLP.
+- `gelu_tanh_gate`: `gelu(a, approximate="tanh") * b`, the GeGLU gate of an MLP;
+- `masked_softmax`, `scaled_masked_softmax`: `softmax(where(mask, s [* scale], -inf))`, the
+  attention weights of a hand-written attention (a mask of the scores' shape or (L, S)).
 
 Each reads its inputs once and writes its output once, where the op-by-op form makes a pass
 (and, in a plan, an instruction) per op. The epsilon of the norms is a wildcard param, so one
@@ -30,6 +32,7 @@ import functools
 import numpy as np
 
 from .. import nn as tnn
+from .. import numpy as tnp
 from ..shapes import Spec, float32
 from ..tracing import make_graph
 from ..graph.pattern import param_wildcards
@@ -88,7 +91,39 @@ def _residual_rms_rows(x, h, w, eps, plus, out):
             out[r, i] = x[r, i] + y if add else y
 
 
+def _masked_softmax(s, mask, scale, out):
+    """softmax(where(mask, s * scale, -inf)) over the last axis; s (B, L, S), mask (1 or B,
+    L, S). A row with every key masked is NaN, as the reference computes it (0 / 0)."""
+    b, rows, n = s.shape
+    for i in range(b):
+        mi = i if mask.shape[0] > 1 else 0
+        for r in range(rows):
+            top = -np.inf
+            for j in range(n):
+                if mask[mi, r, j]:
+                    v = s[i, r, j] * scale
+                    out[i, r, j] = v
+                    if v > top:
+                        top = v
+            if top == -np.inf:
+                for j in range(n):
+                    out[i, r, j] = np.nan
+                continue
+            den = np.float32(0.0)
+            for j in range(n):
+                if mask[mi, r, j]:
+                    e = np.exp(out[i, r, j] - top)
+                    out[i, r, j] = e
+                    den += e
+                else:
+                    out[i, r, j] = 0.0
+            inv = np.float32(1.0) / den
+            for j in range(n):
+                out[i, r, j] *= inv
+
+
 gelu_tanh_gate_loop = _jit(_gelu_tanh_gate, parallel=False)
+masked_softmax_loop = _jit(_masked_softmax, parallel=False)
 residual_rms_rows = _jit(_residual_rms_rows, parallel=False)
 _NO_X = np.zeros((0, 0), np.float32)
 
@@ -132,6 +167,36 @@ def residual_rms_norm_1p(x, h, w, *, eps):
     return out.reshape(h.shape)
 
 
+def _softmax_rows(s, mask, scale):
+    rows, n = s.shape[-2:]
+    s3 = np.ascontiguousarray(s.reshape(-1, rows, n))
+    m3 = np.ascontiguousarray(mask.reshape(-1, rows, n))
+    out = np.empty_like(s3)
+    masked_softmax_loop(s3, m3, np.float32(scale), out)
+    return out.reshape(s.shape)
+
+
+def masked_softmax(s, mask):
+    """`softmax(where(mask, s, -inf), axis=-1)`, float32; mask of s's shape or its last two
+    axes."""
+    return _softmax_rows(s, mask, 1.0)
+
+
+def scaled_masked_softmax(s, mask, scale):
+    """`softmax(where(mask, s * scale, -inf), axis=-1)` (attention's scores), float32."""
+    return _softmax_rows(s, mask, scale)
+
+
+def _softmax_checker(avals, params):
+    s, mask = avals[:2]
+    if s.dtype != float32 or mask.dtype.name != "bool" or any(
+            a.dtype != float32 for a in avals[2:]):
+        return f"float32 scores and a bool mask, got {s.str_short()}, {mask.str_short()}"
+    if s.ndim < 2 or mask.shape not in (s.shape, s.shape[-2:]):
+        return f"a mask of the scores' shape or their last two axes, got {mask.str_short()}"
+    return None
+
+
 def _float32(avals, params):
     if any(a.dtype != float32 for a in avals):
         return f"float32 only, got {', '.join(a.str_short() for a in avals)}"
@@ -160,6 +225,11 @@ PATTERNS = (
      "rrw", residual_rms_norm_1p, _same_shape),
     ("gelu_tanh_gate", lambda a, b: tnn.gelu(a, approximate="tanh") * b, "rr",
      gelu_tanh_gate, _same_shape),
+    ("masked_softmax", lambda s, m: tnn.softmax(tnp.where(m, s, -np.inf), axis=-1), "sm",
+     masked_softmax, _softmax_checker),
+    ("scaled_masked_softmax",
+     lambda s, m, c: tnn.softmax(tnp.where(m, s * c, -np.inf), axis=-1), "smc",
+     scaled_masked_softmax, _softmax_checker),
 )
 
 
@@ -170,6 +240,14 @@ def pattern_forms(name: str) -> tuple:
     kernels of the pattern (`tgx.backends.torch_patterns`)."""
     fn, inputs = next((f, i) for n, f, i, _, _ in PATTERNS if n == name)
     forms = []
+    if "s" in inputs:   # scores (…, L, S) of rank 2–4, a mask of that shape or (L, S)
+        for rank in (2, 3, 4):
+            lead = ("B", "H")[:rank - 2]
+            for mask in {(*lead, "L", "S"), ("L", "S")}:
+                specs = {"s": Spec((*lead, "L", "S")), "m": Spec(mask, "bool"),
+                         "c": Spec(())}
+                forms.append(make_graph(fn)(*[specs[c] for c in inputs]))
+        return tuple(forms)
     for rank in (1, 2, 3):
         x, w = _specs(rank)
         form = make_graph(fn)(*[x if c == "r" else w for c in inputs])

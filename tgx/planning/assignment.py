@@ -28,6 +28,7 @@ from typing import Any
 
 import msgpack
 
+from ..backends.numba_codegen import generated_kernel
 from ..backends.registry import Kernel, kernels_for
 from ..core import Graph, pp_eqn, var_namer
 from ..errors import TgxError
@@ -141,7 +142,11 @@ def payload_label(payload: bytes) -> str:
 
 
 def _find_kernel(name: str, variant: str, source_hash: str, *, backend: str, eqn) -> Kernel:
-    hit = [k for k in kernels_for(name, backend) if k.variant == variant]
+    ks = kernels_for(name, backend)
+    if eqn.primitive.name == "fused" and name == "fused":  # a loop generated for the region
+        gk = generated_kernel(eqn) if backend == "numpy" else None
+        ks = ks + ([gk] if gk is not None else [])
+    hit = [k for k in ks if k.variant == variant]
     if not hit:
         raise SerializationError(f"the stored plan runs {eqn.primitive.name} with kernel "
                                  f"{name}[{variant}]@{backend}, which is not registered here")

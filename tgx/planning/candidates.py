@@ -89,6 +89,8 @@ def accepted_kernels(eqn: Eqn, backend: str, declined: list | None = None,
         params = {k: concretize(v, dims) for k, v in params.items()}
     out = []
     for k in kernels_for(eqn.primitive.name, backend):
+        if k.pattern is not None:  # a pattern kernel runs only an occurrence of its pattern
+            continue
         reason = k.check(avals, params)
         if reason is None:
             out.append(k)

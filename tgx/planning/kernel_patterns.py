@@ -187,7 +187,9 @@ def declines(kernel: Kernel, eqn: Eqn) -> str | None:
         reason = verify_kernel(kernel, eqn)
         if reason is not None and (kernel, reason) not in _WARNED:
             _WARNED.add((kernel, reason))
-            warnings.warn(f"pattern kernel {kernel!r} is not used: it {reason}", stacklevel=2)
+            what = "the loop generated for a fused region" if kernel.name == "fused" else \
+                f"pattern kernel {kernel!r}"
+            warnings.warn(f"{what} is not used: it {reason}", stacklevel=2)
     return reason
 
 

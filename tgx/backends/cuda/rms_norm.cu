@@ -41,10 +41,13 @@ extern "C" __global__ void tgx_residual_rms_norm_f32(
 #ifdef TGX_TORCH_EXTENSION
 #include <torch/extension.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAException.h>
 
 torch::Tensor residual_rms_norm(torch::Tensor x, torch::Tensor h, torch::Tensor w, double eps,
                                 double plus, bool has_x) {
   TORCH_CHECK(h.is_cuda() && h.scalar_type() == torch::kFloat32, "h: a float32 CUDA tensor");
+  const c10::cuda::CUDAGuard guard(h.device());  // launch on h's device, not the current one
   auto hc = h.contiguous();
   auto wc = w.contiguous();
   auto xc = has_x ? x.contiguous() : hc;
@@ -56,6 +59,7 @@ torch::Tensor residual_rms_norm(torch::Tensor x, torch::Tensor h, torch::Tensor 
   tgx_residual_rms_norm_f32<<<rows, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
       xc.data_ptr<float>(), hc.data_ptr<float>(), wc.data_ptr<float>(), out.data_ptr<float>(),
       d, (float)eps, (float)plus, has_x ? 1 : 0);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
 
