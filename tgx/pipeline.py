@@ -68,32 +68,31 @@ def plan_graph(graph: Graph, options: PlanOptions | None = None, **kw) -> Plan:
     elif kw:
         options = replace(options, **kw)
     backends = check_backends(options.backends, options.device)
-    stages: list = [("traced", graph)]
-    g = simplify(graph) if options.simplify else graph
-    stages.append(("simplify", g))
-    if options.patterns:
-        g = match_patterns(g, backends)
-    stages.append(("patterns", g))
-    if options.fuse:
-        g = fuse_regions(g, backends)
-    stages.append(("fuse", g))
+    stages = [("traced", graph), *graph_stages(graph, options)]
+    g = stages[-1][1]
     assignment = select(g, options, backends)
     stages.append(("select", assignment))
     return lower_assignment(assignment, options, source_graph=graph, stages=stages)
 
 
-def transform(graph: Graph, options: PlanOptions | None = None) -> Graph:
-    """The graph the planners see: `graph` through the simplify and patterns stages (as
-    `options` say). Measured whole plans are keyed by this graph, so code that measures
-    plans for `tgx.compile` measures `transform(graph)`."""
-    options = options or PlanOptions()
-    g = simplify(graph) if options.simplify else graph
+def graph_stages(graph: Graph, options: PlanOptions) -> list[tuple[str, Graph]]:
+    """The graph-to-graph stages in turn, each (name, its output): simplify, patterns and
+    fuse, as `options` say (a stage turned off passes its input on)."""
     backends = check_backends(options.backends, options.device)
-    if options.patterns:
-        g = match_patterns(g, backends)
-    if options.fuse:
-        g = fuse_regions(g, backends)
-    return g
+    g = simplify(graph) if options.simplify else graph
+    out = [("simplify", g)]
+    g = match_patterns(g, backends) if options.patterns else g
+    out.append(("patterns", g))
+    g = fuse_regions(g, backends) if options.fuse else g
+    out.append(("fuse", g))
+    return out
+
+
+def transform(graph: Graph, options: PlanOptions | None = None) -> Graph:
+    """The graph the planners see: `graph` through `graph_stages`. Measured whole plans are
+    keyed by this graph, so code that measures plans for `tgx.compile` measures
+    `transform(graph)`."""
+    return graph_stages(graph, options or PlanOptions())[-1][1]
 
 
 def select(graph: Graph, options: PlanOptions, backends) -> Assignment:

@@ -190,6 +190,21 @@ def eval_dim(d: Dim, env: dict) -> int:
     return int(d.xreplace(env))
 
 
+def concretize(value: Any, env: dict) -> Any:
+    """Substitute the binding {symbol: int} into a param (sympy dims inside tuples become
+    ints).
+
+    >>> concretize((sym("N"), 3), {sym("N"): 5})
+    (5, 3)
+    """
+    if isinstance(value, sympy.Basic):
+        v = sympy.sympify(value.xreplace(env))
+        return int(v) if v.is_integer else float(v)  # dim_as_value may hold 1/N, sqrt(D)
+    if isinstance(value, tuple):
+        return tuple(concretize(v, env) for v in value)
+    return value
+
+
 def name_binding(dims) -> dict[str, int]:
     """{name: int} from a binding keyed by names or symbols.
 

@@ -106,15 +106,18 @@ def _gemv_int8(x, w, scale, out):
                 out[r, j] = acc * scale[j]
 
 
-def _rms_norm_rows(x, w, eps, out):
-    rows, d = x.shape
+def _rms_rows(x, h, w, eps, plus, out):
+    """out = [x +] h / sqrt(mean(h²) + eps) * (w + plus), per row (x of 0 rows: no add)."""
+    rows, d = h.shape
+    add = x.shape[0] == rows
     for r in range(rows):
         acc = np.float32(0.0)
         for i in range(d):
-            acc += x[r, i] * x[r, i]
+            acc += h[r, i] * h[r, i]
         inv = np.float32(1.0) / np.sqrt(acc / np.float32(d) + eps)
         for i in range(d):
-            out[r, i] = x[r, i] * inv * w[i]
+            y = h[r, i] * inv * (w[i] + plus)
+            out[r, i] = x[r, i] + y if add else y
 
 
 def _rope(x, cos, sin, out):
@@ -168,7 +171,8 @@ def _attend(q, k, v, mask, scale, out):
 
 gemv_f32, gemv_bf16, gemv_int8 = _jit(_gemv_f32), _jit(_gemv_bf16), _jit(_gemv_int8)
 # small per-call work: serial (no thread pool to wake, nothing to fight BLAS over)
-rms_norm_rows = _jit(_rms_norm_rows, parallel=False)
+rms_rows = _jit(_rms_rows, parallel=False)
+_NO_X = np.zeros((0, 0), np.float32)
 attend = _jit(_attend, parallel=False)
 rope_rows = _jit(_rope, parallel=False)
 
@@ -301,13 +305,20 @@ def _rms_norm_checker(avals, params):
     return None
 
 
+def rms_norm_last(h, w, eps, plus=0.0, x=None, out=None):
+    """`[x +] rms_norm(h, w + plus)` over the last axis in one pass per row (float32): the
+    loop of the `rms_norm` kernel and of the norm patterns (`numba_patterns`)."""
+    d = h.shape[-1]
+    h2 = np.ascontiguousarray(h.reshape(-1, d))
+    x2 = _NO_X if x is None else np.ascontiguousarray(x.reshape(-1, d))
+    y2 = np.empty_like(h2) if out is None else out.reshape(h2.shape)
+    rms_rows(x2, h2, np.ascontiguousarray(w), np.float32(eps), np.float32(plus), y2)
+    return y2.reshape(h.shape) if out is None else out
+
+
 def rms_norm_f32(x, w, *, normalized_shape, eps, has_weight, out=None):
     """RMSNorm over the last axis with a weight, one pass per row (float32)."""
-    d = x.shape[-1]
-    x2 = np.ascontiguousarray(x.reshape(-1, d))
-    y2 = np.empty_like(x2) if out is None else out.reshape(x2.shape)
-    rms_norm_rows(x2, np.ascontiguousarray(w), np.float32(eps), y2)
-    return y2.reshape(x.shape) if out is None else out
+    return rms_norm_last(x, w, eps, out=out)
 
 
 def _rope_checker(avals, params):

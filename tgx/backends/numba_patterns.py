@@ -36,7 +36,7 @@ from .. import numpy as tnp
 from ..shapes import Spec, float32
 from ..tracing import make_graph
 from ..graph.pattern import param_wildcards
-from .numba_kernels import HAVE_NUMBA, _jit
+from .numba_kernels import HAVE_NUMBA, _jit, rms_norm_last
 from .registry import Kernel, add_kernel
 
 NAME = "numpy"
@@ -77,20 +77,6 @@ def _gelu_tanh_gate(a, b, out):
         o1[i] = np.float32(0.5) * x * (np.float32(1.0) + p / q) * b1[i]
 
 
-def _residual_rms_rows(x, h, w, eps, plus, out):
-    """out = x + h / sqrt(mean(h²) + eps) * (w + plus), per row (x may be absent: 0-size)."""
-    rows, d = h.shape
-    add = x.shape[0] == rows
-    for r in range(rows):
-        acc = np.float32(0.0)
-        for i in range(d):
-            acc += h[r, i] * h[r, i]
-        inv = np.float32(1.0) / np.sqrt(acc / np.float32(d) + eps)
-        for i in range(d):
-            y = h[r, i] * inv * (w[i] + plus)
-            out[r, i] = x[r, i] + y if add else y
-
-
 def _masked_softmax(s, mask, scale, out):
     """softmax(where(mask, s * scale, -inf)) over the last axis; s (B, L, S), mask (1 or B,
     L, S). A row with every key masked is NaN, as the reference computes it (0 / 0)."""
@@ -124,8 +110,6 @@ def _masked_softmax(s, mask, scale, out):
 
 gelu_tanh_gate_loop = _jit(_gelu_tanh_gate, parallel=False)
 masked_softmax_loop = _jit(_masked_softmax, parallel=False)
-residual_rms_rows = _jit(_residual_rms_rows, parallel=False)
-_NO_X = np.zeros((0, 0), np.float32)
 
 
 def gelu_tanh_gate(a, b):
@@ -136,35 +120,19 @@ def gelu_tanh_gate(a, b):
     return out
 
 
-def _rows(h, x=None):
-    d = h.shape[-1]
-    h2 = np.ascontiguousarray(h.reshape(-1, d))
-    x2 = _NO_X if x is None else np.ascontiguousarray(x.reshape(-1, d))
-    return h2, x2
-
-
 def rms_norm_1p(h, w, *, eps):
     """`rms_norm(h, 1 + w)` over the last axis (Gemma's norm), float32."""
-    h2, x2 = _rows(h)
-    out = np.empty_like(h2)
-    residual_rms_rows(x2, h2, np.ascontiguousarray(w), np.float32(eps), np.float32(1), out)
-    return out.reshape(h.shape)
+    return rms_norm_last(h, w, eps, 1.0)
 
 
 def residual_rms_norm(x, h, w, *, eps):
     """`x + rms_norm(h, w)` over the last axis, float32."""
-    h2, x2 = _rows(h, x)
-    out = np.empty_like(h2)
-    residual_rms_rows(x2, h2, np.ascontiguousarray(w), np.float32(eps), np.float32(0), out)
-    return out.reshape(h.shape)
+    return rms_norm_last(h, w, eps, 0.0, x)
 
 
 def residual_rms_norm_1p(x, h, w, *, eps):
     """`x + rms_norm(h, 1 + w)` over the last axis (Gemma's residual), float32."""
-    h2, x2 = _rows(h, x)
-    out = np.empty_like(h2)
-    residual_rms_rows(x2, h2, np.ascontiguousarray(w), np.float32(eps), np.float32(1), out)
-    return out.reshape(h.shape)
+    return rms_norm_last(h, w, eps, 1.0, x)
 
 
 def _softmax_rows(s, mask, scale):

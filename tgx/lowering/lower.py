@@ -31,9 +31,8 @@ from ..plan import Instructions, Plan
 from ..planning.assignment import Assignment
 from ..planning.options import PlanOptions
 from ..runtime.compiled import CompiledGraph, Instruction
-from ..shapes import eval_dim, free_symbols
+from ..shapes import concretize, eval_dim, free_symbols
 from ..tracing import leaf_names
-from ..transforms.evaluate import concretize
 from .buffers import plan_buffers
 from .rebackend import BackendGraph, copy_kernel, insert_copies
 from .schedule import schedule

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from ..backends import available_backends, backend_available, unavailable_reason
 from ..backends.registry import Kernel, kernels_for
 from ..core import Eqn
-from ..transforms.evaluate import concretize
+from ..shapes import concretize
 from .kernel_patterns import (accepting_pattern_kernels, generated_kernels, is_region,
                               pattern_name)
 

@@ -18,7 +18,7 @@ its per-equation alternatives are shown all the same.
 from __future__ import annotations
 
 from ..backends import check_backends
-from ..core import Eqn, Literal
+from ..core import Eqn
 from ..shapes import hint_binding
 from ..store import as_store
 from .candidates import accepted_kernels, candidates
@@ -88,15 +88,11 @@ def _patterns_section(plan, cm, backends, dims) -> list[str]:
         return []
     used = {id(k) for k in plan.assignment.kernels if k is not None and k.pattern is not None}
     lines = ["pattern occurrences (the patterns stage), kernel against the op-by-op form:"]
-    seen = set()
+    groups: dict = {}   # (name, input avals) -> [first occurrence, count], in graph order
     for e in occ:
-        key = (pattern_name(e), tuple(str(x.aval) if not isinstance(x, Literal) else "lit"
-                                      for x in e.invars))
-        if key in seen:
-            continue
-        seen.add(key)
-        n = sum(1 for o in occ if (pattern_name(o), tuple(
-            str(x.aval) if not isinstance(x, Literal) else "lit" for x in o.invars)) == key)
+        key = (pattern_name(e), tuple(str(x.aval) for x in e.invars))
+        groups.setdefault(key, [e, 0])[1] += 1
+    for e, n in groups.values():
         lines.append(f"  {pattern_name(e)} ×{n}, inputs "
                      + ", ".join(x.aval.str_short() for x in e.invars))
         for b in backends:

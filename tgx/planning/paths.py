@@ -62,9 +62,9 @@ from .assignment import Assignment
 from .candidates import Candidate, candidates
 from .cost_model import CostModel
 from .path_count import count_within_transfers
-from .kernel_patterns import declines, fused_equation, match_patterns
+from .kernel_patterns import declines, fused_equation
 from .path_space import ANY, Level, Unit, _lower_bounds
-from .regions import fuse_regions
+from .regions import offer_kernels
 from .path_space import resolve_alias as _resolve
 from .transfers import copy_source
 
@@ -182,7 +182,7 @@ class Paths:
         # run for minutes)
         # (and its generatable elementwise regions one `fused` equation each, the fuse stage)
         if patterns:
-            graph = fuse_regions(match_patterns(graph, self.backends), self.backends)
+            graph = offer_kernels(graph, self.backends)
         self.graph = graph
         #: where graph inputs live and outputs go (the host backend)
         self.host = host_name()
@@ -223,7 +223,7 @@ class Paths:
                                                         or occurrence):
             sub_graph = decomposition_graph(eqn)
             if self.patterns and eqn.primitive.name != "fused":  # a body is not searched again
-                sub_graph = fuse_regions(match_patterns(sub_graph, self.backends), self.backends)
+                sub_graph = offer_kernels(sub_graph, self.backends)
             sub = Level(sub_graph, self, depth + 1, patterns=not occurrence)
             opts.append(Candidate("decomposition"))
         return Unit(eqn, opts, sub, (index,), index)

@@ -23,7 +23,7 @@ from ..backends.numba_codegen import HAVE_NUMBA, unsupported
 from ..core import Graph
 from ..transforms.fuse import fuse
 from ..transforms.rewrite import eval_into, transform_graph
-from .kernel_patterns import is_region
+from .kernel_patterns import is_region, match_patterns
 
 #: the fewest equations a region must have to stay fused (one op gains nothing)
 MIN_EQNS = 2
@@ -43,3 +43,12 @@ def fuse_regions(graph: Graph, backends: Sequence[str]) -> Graph:
         return None
 
     return transform_graph(fuse(graph), rule)
+
+
+def offer_kernels(graph: Graph, backends: Sequence[str], *, patterns: bool = True,
+                  fuse: bool = True) -> Graph:
+    """The patterns stage, then this one (as in `tgx.compile`'s pipeline): what the
+    selection and `tgx.paths` apply to the decomposition graphs they solve."""
+    if patterns:
+        graph = match_patterns(graph, backends)
+    return fuse_regions(graph, backends) if fuse else graph

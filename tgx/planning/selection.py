@@ -41,8 +41,7 @@ from ..transforms.rewrite import eval_into, rebind, transform_graph
 from .assignment import Assignment
 from .candidates import Candidate, candidates
 from .cost_model import CostModel, Estimate
-from .kernel_patterns import match_patterns
-from .regions import fuse_regions
+from .regions import offer_kernels
 
 # Above this many DP states per step (live values x backends x copies) the exact frontier DP
 # gives way to DP + local improvement.
@@ -184,10 +183,8 @@ class _Selector:
         if key not in self._subs:
             sub = decomposition_graph(eqn)
             if eqn.primitive.name != "fused":  # inside a composite, not in a body again
-                if self.patterns:
-                    sub = match_patterns(sub, self.all_backends)
-                if self.fuse:
-                    sub = fuse_regions(sub, self.all_backends)
+                sub = offer_kernels(sub, self.all_backends, patterns=self.patterns,
+                                    fuse=self.fuse)
             self._subs[key] = sub
         return self._subs[key]
 

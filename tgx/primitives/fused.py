@@ -15,6 +15,7 @@ import numpy as np
 import sympy
 
 from ..core import Graph, Literal, Primitive, eval_graph_loop
+from ..shapes import concretize
 
 fused_p = Primitive("fused", multiple_results=True, family="fused")
 
@@ -57,21 +58,13 @@ def reference_loop(graph: Graph, args: list) -> list:
     dims = {d: n for v, x in zip(graph.invars, args)
             for d, n in zip(v.aval.shape, np.shape(x)) if isinstance(d, sympy.Symbol)}
     for eqn in graph.eqns:
-        params = {k: _concrete(p, dims) for k, p in eqn.params.items()} if dims else eqn.params
+        params = {k: concretize(p, dims) for k, p in eqn.params.items()} if dims else eqn.params
         outs = eqn.primitive.impl(*[read(a) for a in eqn.invars], **params)
         outs = outs if eqn.primitive.multiple_results else [outs]
         for v, o in zip(eqn.outvars, outs):
             env[v.id] = np.asarray(o) if widened else np.asarray(o, dtype=v.aval.dtype)
     return [read(v) for v in graph.outvars]
 
-
-def _concrete(value, dims: dict):
-    if isinstance(value, sympy.Basic):
-        v = sympy.sympify(value.xreplace(dims))
-        return int(v) if v.is_integer else float(v) if v.is_number else v
-    if isinstance(value, tuple):
-        return tuple(_concrete(x, dims) for x in value)
-    return value
 
 
 @fused_p.def_decomposition

@@ -24,11 +24,10 @@ import numpy as np
 from ..backends import get_backend
 from ..backends.registry import kernels_for
 from ..core import Literal, primitive_by_name
-from ..shapes import DTYPES, ShapedArray, concrete_shape, name_binding
+from ..shapes import DTYPES, ShapedArray, concrete_shape, concretize, name_binding
 from ..store.schema import implementation_key
 from ..backends.threads import one_blas_thread
 from ..tracing import GraphBuilder
-from ..transforms.evaluate import concretize
 from .accuracy import DEFAULT_ATOL
 from .accuracy import golden as compute_golden
 from .runner import profile

@@ -14,7 +14,7 @@ import sympy
 
 from ..core import Graph, Literal, Var
 from ..errors import BindingError, DTypeError, KernelError
-from ..shapes import ShapedArray, aval_of, dim_str, eval_dim, shape_str
+from ..shapes import ShapedArray, aval_of, concretize, dim_str, eval_dim, shape_str
 from ..tracing import leaf_names, tree_flatten, tree_unflatten, where
 
 
@@ -62,16 +62,6 @@ def bind_dims(avals: Sequence[ShapedArray], args: Sequence[Any],
 
 def _fmt_env(env: dict) -> str:
     return ", ".join(f"{k} = {v}" for k, v in env.items())
-
-
-def concretize(value: Any, env: dict) -> Any:
-    """Substitute the binding into a param (sympy dims inside tuples become ints)."""
-    if isinstance(value, sympy.Basic):
-        v = sympy.sympify(value.xreplace(env))
-        return int(v) if v.is_integer else float(v)  # dim_as_value may hold 1/N, sqrt(D)
-    if isinstance(value, tuple):
-        return tuple(concretize(v, env) for v in value)
-    return value
 
 
 def _has_symbols(value: Any) -> bool:
