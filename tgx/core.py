@@ -186,6 +186,23 @@ class Trace:
     def process_primitive(self, prim: "Primitive", args, params: "Params"):
         raise Unsupported(f"{type(self).__name__} does not interpret {prim}")
 
+    def bind_below(self, prim: "Primitive", *args, **params):
+        """Apply `prim` as if this trace were not active: in the trace under it, or eagerly.
+
+        Interpreters that wrap values (autodiff, batching) hand the unwrapped values down this
+        way; traces above this one are set aside for the call, so a decomposition run below
+        never reaches them (JAX's levels: no perturbation confusion between nested `grad`s)."""
+        return self.run_below(lambda: prim.bind(*args, **params))
+
+    def run_below(self, fn: Callable, *args):
+        """Call `fn(*args)` with this trace and the ones above it set aside (see `bind_below`)."""
+        above = _TRACE_STACK[self.level:]
+        del _TRACE_STACK[self.level:]
+        try:
+            return fn(*args)
+        finally:
+            _TRACE_STACK.extend(above)
+
 
 def find_top_trace(args) -> Trace | None:
     """The innermost active trace, or None to evaluate eagerly.
@@ -208,6 +225,8 @@ class Primitive:
     - `impl(*numpy_arrays, **params) -> array | list[array]`: the NumPy reference
     - `decomposition(*tracers, **params)`: a traceable function in lower-level primitives
       (None for atomic primitives)
+    - `vjp(ct, *primals, out, **params)`: the reverse-mode rule (`tgx.grad`, `tgx.vjp`)
+    - `batch(args, dims, **params)`: the batching rule (`tgx.vmap`)
     - traits the planner reads: `is_view` (the result can be a view of an input: moves no
       bytes), `flops(in_shapes, out_shapes, **params) -> float` on concrete shapes (arithmetic
       work, for the cost model's roofline; None: negligible next to the bytes moved)
@@ -236,6 +255,7 @@ class Primitive:
         self.impl: Callable | None = None
         self.decomposition: Callable | None = None
         self.vjp: Callable | None = None
+        self.batch: Callable | None = None
         # Parameters that must be normalised before binding (e.g. axes to tuples).
         self.param_rule: Callable | None = None
         PRIMITIVES[name] = self
@@ -260,6 +280,20 @@ class Primitive:
     def def_impl(self, f: Callable) -> Callable:
         _only_once(self, "impl")
         self.impl = f
+        return f
+
+    def def_vjp(self, f: Callable) -> Callable:
+        """The reverse-mode rule `f(ct, *primals, out=..., **params) -> cotangent per input`
+        (None: no gradient for that input); `ct` and `out` are lists for multiple results.
+        A composite without one is differentiated through its decomposition."""
+        _only_once(self, "vjp")
+        self.vjp = f
+        return f
+
+    def def_batch(self, f: Callable) -> Callable:
+        """The batching rule `f(args, dims, **params) -> (outs, out_dims)` of `tgx.vmap`."""
+        _only_once(self, "batch")
+        self.batch = f
         return f
 
     def def_decomposition(self, f: Callable) -> Callable:
