@@ -64,6 +64,10 @@ _LAZY = {
     "paths": "tgx.explore",
     "register_kernel": "tgx.kernels",
     "unregister_kernel": "tgx.kernels",
+    "vmap": "tgx.transforms.vmap",
+    "optim": "tgx.optim",
+    **{name: "tgx.transforms.ad" for name in (
+        "grad", "value_and_grad", "vjp", "jvp", "jacrev", "jacfwd", "stop_gradient")},
 }
 
 
@@ -72,7 +76,7 @@ def __getattr__(name: str):
     if module is None:
         raise AttributeError(f"module 'tgx' has no attribute {name!r}")
     mod = importlib.import_module(module)
-    is_module = module.endswith("." + name) and name in ("nn", "random", "lax")
+    is_module = module.endswith("." + name) and name in ("nn", "random", "lax", "optim")
     value = mod if is_module else getattr(mod, name)
     globals()[name] = value
     return value

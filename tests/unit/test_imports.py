@@ -28,7 +28,7 @@ LAYERS = {
     "tgx.core": 1,
     "tgx.tracing": 2,
     "tgx.primitives": 3,
-    "tgx.numpy": 4, "tgx.nn": 4, "tgx.lax": 4, "tgx.random": 4,
+    "tgx.numpy": 4, "tgx.nn": 4, "tgx.lax": 4, "tgx.random": 4, "tgx.optim": 4,
     "tgx.transforms": 5, "tgx.graph": 5,
     "tgx.serialize": 6,
     "tgx.backends": 7,

@@ -98,6 +98,11 @@ def _gather(x, idx, *, axis):
     return jnp.take(x, idx, axis=axis, mode="clip")
 
 
+def _scatter_add(x, idx, updates, *, axis):
+    where = (slice(None),) * axis + (jnp.clip(idx, 0, x.shape[axis] - 1),)
+    return x.at[where].add(updates)
+
+
 def _iota(*, dtype, shape, dimension):
     return lax.broadcasted_iota(dtype, shape, dimension)
 
@@ -125,7 +130,7 @@ for _n, _f in {
     "transpose": lambda x, *, permutation: jnp.transpose(x, permutation),
     "slice": _slice, "pad": _pad,
     "concatenate": lambda *xs, dimension: jnp.concatenate(xs, axis=dimension),
-    "gather": _gather,
+    "gather": _gather, "scatter_add": _scatter_add,
     "dynamic_slice": _dynamic_slice, "dynamic_update_slice": _dynamic_update_slice,
     "rev": lambda x, *, dimensions: lax.rev(x, dimensions),
     "iota": _iota,

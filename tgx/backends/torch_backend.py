@@ -214,6 +214,13 @@ def torch_gather(x, idx, *, axis):
     return out.reshape(x.shape[:axis] + idx.shape + x.shape[axis + 1:])
 
 
+@register_kernel("scatter_add", NAME, checker=_no_uint32)
+def torch_scatter_add(x, idx, updates, *, axis):
+    flat = idx.reshape(-1).clamp(0, x.shape[axis] - 1).to(torch.int64)
+    u = updates.reshape(x.shape[:axis] + (flat.shape[0],) + x.shape[axis + 1:])
+    return x.index_add(axis, flat, u)
+
+
 @register_kernel("dynamic_slice", NAME, checker=_no_uint32, returns_view=True)
 def torch_dynamic_slice(x, *idx, slice_sizes):
     return x[dynamic_window(x.shape, slice_sizes, idx)]

@@ -12,6 +12,7 @@ from . import (  # noqa: F401  # noqa: F401  # noqa: F401
     activations,
     attention,
     conv,
+    derivatives,
     elementwise,
     fused,
     layers,

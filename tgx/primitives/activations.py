@@ -174,6 +174,48 @@ def _hardswish_decomp(x):
     return ops.divide(ops.multiply(x, r6), 6)
 
 
+# Derivatives as torch defines them at the kinks (relu'(0) = 0, leaky_relu'(0) = slope, the
+# exponential branch of elu/selu/celu at 0), and closed forms for the smooth ones: one fused
+# expression instead of the derivative of every step of the decomposition.
+
+
+def _zero(ct):
+    return np.zeros((), ops._aval(ct).dtype)
+
+
+relu_p.def_vjp(lambda ct, x, *, out: (ops.where(ops.greater(x, 0), ct, _zero(ct)),))
+leaky_relu_p.def_vjp(lambda ct, x, *, out, negative_slope: (
+    ops.where(ops.greater(x, 0), ct, ops.multiply(ct, negative_slope)),))
+elu_p.def_vjp(lambda ct, x, *, out, alpha: (
+    ops.where(ops.greater(x, 0), ct, ops.multiply(ct, ops.add(out, alpha))),))
+selu_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ops.where(
+    ops.greater(x, 0), ct, ops.multiply(ct, ops.multiply(ops.exp(x), SELU_ALPHA))), SELU_SCALE),))
+celu_p.def_vjp(lambda ct, x, *, out, alpha: (
+    ops.where(ops.greater(x, 0), ct, ops.multiply(ct, ops.exp(ops.divide(x, alpha)))),))
+sigmoid_p.def_vjp(lambda ct, x, *, out: (
+    ops.multiply(ct, ops.multiply(out, ops.subtract(1.0, out))),))
+
+
+@silu_p.def_vjp
+def _silu_vjp(ct, x, *, out):
+    s = sigmoid_p.bind(x)
+    return (ops.multiply(ct, ops.multiply(s, ops.add(ops.multiply(x, ops.subtract(1.0, s)),
+                                                     1.0))),)
+
+
+softplus_p.def_vjp(lambda ct, x, *, out, beta, threshold: (ops.where(
+    ops.greater(ops.multiply(x, beta), threshold), ct,
+    ops.multiply(ct, sigmoid_p.bind(ops.multiply(x, beta) if beta != 1 else x))),))
+hardtanh_p.def_vjp(lambda ct, x, *, out, min_val, max_val: (ops.where(ops.logical_and(
+    ops.greater(x, min_val), ops.less(x, max_val)), ct, _zero(ct)),))
+
+
+@hardswish_p.def_vjp
+def _hardswish_vjp(ct, x, *, out):
+    mid = ops.multiply(ct, ops.add(ops.divide(x, 3.0), 0.5))
+    return (ops.where(ops.less_equal(x, -3.0), _zero(ct), ops.where(ops.less(x, 3.0), mid, ct)),)
+
+
 ACTIVATIONS = [relu_p, leaky_relu_p, elu_p, selu_p, celu_p, gelu_p, sigmoid_p, silu_p,
                softplus_p, hardtanh_p, hardswish_p]
 
@@ -293,6 +335,33 @@ def _logsumexp_decomp(x, *, axes, keepdims):
     if not keepdims:
         out = ops.squeeze(out, axes)
     return out
+
+
+@softmax_p.def_vjp
+def _softmax_vjp(ct, x, *, out, axis):
+    if ops.ndim(x) == 0:
+        return (ops.zeros_like(ct),)
+    dot = ops.sum(ops.multiply(ct, out), axis=axis, keepdims=True)
+    return (ops.multiply(out, ops.subtract(ct, dot)),)
+
+
+@log_softmax_p.def_vjp
+def _log_softmax_vjp(ct, x, *, out, axis):
+    if ops.ndim(x) == 0:
+        return (ops.zeros_like(ct),)
+    total = ops.sum(ct, axis=axis, keepdims=True)
+    return (ops.subtract(ct, ops.multiply(ops.exp(out), total)),)
+
+
+@logsumexp_p.def_vjp
+def _logsumexp_vjp(ct, x, *, out, axes, keepdims):
+    if not axes:
+        return (ct,)
+    shape = ops._aval(x).shape
+    kept = tuple(1 if i in axes else d for i, d in enumerate(shape))
+    # softmax(x) over the axes (NaN for a row of -inf, as torch and JAX).
+    w = ops.exp(ops.subtract(x, ops.reshape(out, kept)))
+    return (ops.multiply(ops.reshape(ct, kept), w),)
 
 
 SOFTMAX = [softmax_p, log_softmax_p, logsumexp_p]

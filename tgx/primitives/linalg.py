@@ -71,4 +71,4 @@ def _dot_general_impl(lhs, rhs, *, dimension_numbers):
         out = np.matmul(a.astype(np.float32), b.astype(np.float32)).astype(lhs.dtype)
     else:
         out = np.matmul(a, b)
-    return out.reshape(*bshape, *lfs, *rfs)
+    return out.reshape((*bshape, *lfs, *rfs))  # a tuple: a 0-d result reshapes too

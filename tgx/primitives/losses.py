@@ -20,10 +20,12 @@ from ..shapes import (
     dim_eq,
     is_float,
     is_int,
+    prod,
     promote,
     shape_str,
 )
 from . import ops
+from .derivatives import unbroadcast
 from .activations import log_softmax
 from .math import absolute, square
 from .reduce_composite import mean
@@ -189,6 +191,35 @@ def _bce_decomp(x, t, *w, has_weight):
 
 
 binary_cross_entropy_p = _elementwise_loss("binary_cross_entropy", _bce_np, _bce_decomp)
+
+
+def _loss_ct(ct, shape, reduction):
+    """The cotangent of the elementwise loss (of `shape`) from that of the reduced loss."""
+    if reduction == "none":
+        return ct
+    if reduction == "mean":
+        ct = ops.divide(ct, ops._shape_value(prod(shape), ops._aval(ct).dtype))
+    return ops.broadcast_to(ct, shape)
+
+
+@binary_cross_entropy_p.def_vjp
+def _bce_vjp(ct, x, t, *w, out, reduction="mean", has_weight):
+    # torch's derivative in x: (x - t) / max(x (1 - x), 1e-12), finite where the logs are
+    # clamped (through the decomposition it would be NaN there).
+    dt = ops._aval(x).dtype
+    shape = broadcast_shapes(ops._aval(x).shape, ops._aval(t).shape)
+    ct_e = _loss_ct(ct, shape, reduction)
+    if has_weight:
+        ct_e = ops.multiply(ct_e, w[0])
+    denom = ops.maximum(ops.multiply(x, ops.subtract(1.0, x)), np.asarray(1e-12, dt))
+    ct_x = ops.divide(ops.multiply(ct_e, ops.subtract(x, t)), denom)
+    # The target's derivative uses the unclamped logs (±inf at x = 0 or 1), as torch.
+    ct_t = ops.multiply(ct_e, ops.subtract(ops.log(ops.subtract(1.0, x)), ops.log(x)))
+    cts = [unbroadcast(ct_x, x), unbroadcast(ct_t, t)]
+    if has_weight:
+        elem = _bce_decomp(x, t, has_weight=False)
+        cts.append(unbroadcast(ops.multiply(_loss_ct(ct, shape, reduction), elem), w[0]))
+    return tuple(cts)
 
 
 def _bce_logits_np(x, t, *extra, has_weight, has_pos_weight):

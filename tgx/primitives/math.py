@@ -16,6 +16,7 @@ from ..core import Primitive
 from ..errors import DTypeError
 from ..shapes import ShapedArray, bool_, broadcast_shapes, finfo
 from . import ops
+from .derivatives import unbroadcast
 from .elementwise import _check_kind, _lowp, div_p
 
 
@@ -335,6 +336,61 @@ clip_p = composite_naryop("clip", lambda x, lo, hi: np.minimum(np.maximum(x, lo)
 @clip_p.def_decomposition
 def _clip_decomp(x, lo, hi):
     return ops.minimum(ops.maximum(x, lo), hi)
+
+
+# ---------------------------------------------------------------------------------------------
+# Derivatives: closed forms, exact where the decompositions approximate (erfinv), defined where
+# they divide by zero (arcsin at ±1 gives ±inf as torch), and torch's choices at kinks
+# (|x|' = sign(x), so 0 at 0; clip passes the gradient at its bounds to x).
+
+
+def _recip_sqrt(v):
+    return ops.divide(1.0, ops.sqrt(v))
+
+
+abs_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, sign_p.bind(x)),))
+sign_p.def_vjp(lambda ct, x, *, out: (None,))
+ceil_p.def_vjp(lambda ct, x, *, out: (None,))
+square_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, ops.multiply(x, 2.0)),))
+reciprocal_p.def_vjp(lambda ct, x, *, out: (ops.negative(ops.multiply(ct, ops.multiply(out,
+                                                                                       out))),))
+rsqrt_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, ops.divide(ops.multiply(out, -0.5), x)),))
+log1p_p.def_vjp(lambda ct, x, *, out: (ops.divide(ct, ops.add(x, 1.0)),))
+expm1_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, ops.add(out, 1.0)),))
+tan_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, ops.add(ops.multiply(out, out), 1.0)),))
+tanh_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, ops.subtract(1.0, ops.multiply(out,
+                                                                                     out))),))
+sinh_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, cosh_p.bind(x)),))
+cosh_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, sinh_p.bind(x)),))
+arcsin_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, _recip_sqrt(
+    ops.multiply(ops.subtract(1.0, x), ops.add(x, 1.0)))),))
+arccos_p.def_vjp(lambda ct, x, *, out: (ops.negative(ops.multiply(ct, _recip_sqrt(
+    ops.multiply(ops.subtract(1.0, x), ops.add(x, 1.0))))),))
+arcsinh_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, _recip_sqrt(
+    ops.add(ops.multiply(x, x), 1.0))),))
+arccosh_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, _recip_sqrt(
+    ops.multiply(ops.subtract(x, 1.0), ops.add(x, 1.0)))),))
+arctanh_p.def_vjp(lambda ct, x, *, out: (ops.divide(ct, ops.multiply(ops.subtract(1.0, x),
+                                                                     ops.add(x, 1.0))),))
+erfinv_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, ops.multiply(
+    ops.exp(ops.multiply(out, out)), float(np.sqrt(np.pi) / 2))),))
+
+
+@arctan2_p.def_vjp
+def _arctan2_vjp(ct, y, x, *, out):
+    r2 = ops.add(ops.multiply(x, x), ops.multiply(y, y))
+    return (unbroadcast(ops.divide(ops.multiply(ct, x), r2), y),
+            unbroadcast(ops.negative(ops.divide(ops.multiply(ct, y), r2)), x))
+
+
+@clip_p.def_vjp
+def _clip_vjp(ct, x, lo, hi, *, out):
+    zero = np.zeros((), ops._aval(ct).dtype)
+    below, above = ops.less(x, lo), ops.greater(x, hi)
+    inside = ops.logical_not(ops.logical_or(below, above))
+    return (unbroadcast(ops.where(inside, ct, zero), x),
+            unbroadcast(ops.where(ops.logical_and(below, ops.less_equal(lo, hi)), ct, zero), lo),
+            unbroadcast(ops.where(ops.logical_or(above, ops.greater(lo, hi)), ct, zero), hi))
 
 
 MATH = [abs_p, sign_p, square_p, reciprocal_p, rsqrt_p, ceil_p, log1p_p, expm1_p, tan_p,

@@ -1,5 +1,5 @@
 """Atomic movement primitives: reshape, broadcast_in_dim, transpose, slice, pad, concatenate,
-gather, rev, dynamic_slice, dynamic_update_slice, and iota (the index generator).
+gather, scatter_add, rev, dynamic_slice, dynamic_update_slice, and iota (the index generator).
 
 Shape params may hold symbolic dims (`reshape[new_sizes=(2*N, 4)]`); evaluators substitute
 the binding before calling the NumPy reference.
@@ -201,6 +201,37 @@ def _gather_impl(x, idx, *, axis):
     return np.take(x, np.clip(idx, 0, x.shape[axis] - 1), axis=axis)
 
 
+# scatter_add(x, indices, updates, axis): `x` with `updates` added at `indices` along `axis`
+# (repeated indices accumulate; indices clamped as gather clamps them). The transpose of gather:
+# the gradient of an embedding lookup. Atomic because no cheap decomposition exists (a one-hot
+# matmul would cost V times more).
+scatter_add_p = Primitive("scatter_add", family="movement")
+
+
+@scatter_add_p.def_shape
+def _scatter_add_shape(x: ShapedArray, idx: ShapedArray, updates: ShapedArray, *,
+                       axis: int) -> ShapedArray:
+    if not is_int(idx.dtype):
+        raise DTypeError(f"scatter_add: indices must be integers, got {idx.str_short()}")
+    if not 0 <= axis < x.ndim:
+        raise ShapeError(f"scatter_add: axis {axis} out of range for {x}")
+    want = x.shape[:axis] + idx.shape + x.shape[axis + 1:]
+    if updates.ndim != len(want) or not all(dim_eq(a, b) for a, b in zip(updates.shape, want)):
+        raise ShapeError(f"scatter_add: updates {updates} must have shape {shape_str(want)} "
+                         f"(operand {x}, indices {idx}, axis {axis})")
+    if updates.dtype != x.dtype:
+        raise DTypeError(f"scatter_add: updates {updates} and operand {x} differ in dtype")
+    return x.update(weak_type=False)
+
+
+@scatter_add_p.def_impl
+def _scatter_add_impl(x, idx, updates, *, axis):
+    out = np.array(x, copy=True)
+    where = (slice(None),) * axis + (np.clip(idx, 0, x.shape[axis] - 1),)
+    np.add.at(out, where, updates)
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # dynamic_slice(x, *start_indices, slice_sizes) and dynamic_update_slice(x, update,
 # *start_indices): windows at start indices only known at run time (traced integer scalars),
@@ -317,7 +348,7 @@ def _iota_impl(*, dtype, shape, dimension):
 
 
 MOVEMENT = [reshape_p, broadcast_in_dim_p, transpose_p, slice_p, pad_p, concatenate_p, gather_p,
-            rev_p, iota_p, dynamic_slice_p, dynamic_update_slice_p]
+            scatter_add_p, rev_p, iota_p, dynamic_slice_p, dynamic_update_slice_p]
 
 
 # dim_as_value(expr, dtype): a symbolic size as a scalar value (the divisor of a mean over N).

@@ -78,6 +78,17 @@ def _var_decomp(x, *, axes, ddof):
     return _var(x, axes, ddof)
 
 
+@var_p.def_vjp
+def _var_vjp(ct, x, *, out, axes, ddof):
+    # 2 (x - mean) / (n - ddof): the path through the mean sums to zero and is left out (in
+    # float32 its rounding error is not zero).
+    shape = ops._aval(x).shape
+    kept = tuple(1 if i in axes else s for i, s in enumerate(shape))
+    d = ops.subtract(x, ops.reshape(mean_p.bind(x, axes=axes), kept))
+    scale = ops.divide(ops.reshape(ct, kept), _count(x, axes, ddof))
+    return (ops.multiply(ops.multiply(d, scale), 2.0),)
+
+
 std_p = _float_reduction("std", np.std)
 
 
