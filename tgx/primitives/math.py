@@ -358,8 +358,9 @@ rsqrt_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, ops.divide(ops.multiply(
 log1p_p.def_vjp(lambda ct, x, *, out: (ops.divide(ct, ops.add(x, 1.0)),))
 expm1_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, ops.add(out, 1.0)),))
 tan_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, ops.add(ops.multiply(out, out), 1.0)),))
-tanh_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, ops.subtract(1.0, ops.multiply(out,
-                                                                                     out))),))
+# (1 - t)(1 + t), not 1 - t²: exact where tanh saturates (as JAX)
+tanh_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, ops.multiply(ops.subtract(1.0, out),
+                                                                    ops.add(out, 1.0))),))
 sinh_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, cosh_p.bind(x)),))
 cosh_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, sinh_p.bind(x)),))
 arcsin_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ct, _recip_sqrt(
