@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from .backends import check_backends
-from .core import Graph
+import numpy as np
+
+from .backends import backend_of, check_backends
+from .core import Graph, find_top_trace
 from .errors import BindingError, DTypeError, OptionError, ShapeError, TgxError
 from .pipeline import plan_graph
 from .plan import Plan
@@ -179,6 +182,10 @@ class Compiled:
         return self._plan(tree, avals, names)
 
     def __call__(self, *args, **kwargs):
+        if find_top_trace(args) is not None:
+            # Called inside a traced function (compile, make_graph, grad, vmap): inline it,
+            # as jax.jit does, so compiled functions compose.
+            return self.fn(*args, **kwargs)
         leaves, tree = tree_flatten((args, kwargs))
         try:  # fast path: the concrete signature seen before
             key = (tree, tuple((x.shape, x.dtype) for x in leaves))
@@ -190,10 +197,48 @@ class Compiled:
             plan = self._plans.get((tree, avals)) or self._plan(tree, avals, names, leaves)
             if key is not None:
                 self._fast[key] = plan
-        return plan.run_flat(leaves)
+        out = plan.run_flat(leaves)
+        if self.return_backend_arrays:
+            return out
+        return _like_inputs(leaves, out, getattr(self.fn, "__name__", "the function"))
 
     def __repr__(self) -> str:
         return f"<tgx.compile {getattr(self.fn, '__name__', self.fn)!r}: {len(self._plans)} plans>"
+
+
+_WARNED_GRAD: set = set()
+
+
+def _like_inputs(leaves: list, out: Any, fname: str) -> Any:
+    """Results in the array type of the arguments, whichever backend computed them: torch
+    tensors in → torch tensors out (on the device of the first one), jax arrays in → jax
+    arrays out, NumPy otherwise (also for a mix of torch and jax). State results stay the
+    caller's objects."""
+    types = set(map(type, leaves))
+    if types <= _HOST_TYPES:
+        return out
+    owners = {backend_of(x) for x in leaves if type(x) not in _HOST_TYPES}
+    owners.discard(None)
+    if len(owners) != 1:
+        return out
+    (owner,) = owners
+    first = next(x for x in leaves if backend_of(x) is owner)
+    device = str(getattr(first, "device", "cpu"))
+    device = "cpu" if device.startswith(("cpu", "TFRT_CPU", "CpuDevice")) else device
+    if any(getattr(x, "requires_grad", False) for x in leaves) and fname not in _WARNED_GRAD:
+        _WARNED_GRAD.add(fname)
+        warnings.warn(f"{fname} was called with torch tensors that require grad: tgx does not "
+                      f"record torch autograd, so its results do not require grad (use "
+                      f"tgx.grad / tgx.value_and_grad for gradients)", stacklevel=3)
+    inputs = {id(x) for x in leaves}
+    out_leaves, tree = tree_flatten(out)
+    conv = [owner.convert(o, device) if isinstance(o, np.ndarray) and id(o) not in inputs
+            else o for o in out_leaves]
+    return tree_unflatten(tree, conv)
+
+
+_HOST_TYPES = {np.ndarray, np.generic, int, float, bool} | {
+    t for t in np.sctypeDict.values() if isinstance(t, type)}
 
 
 def _leaf_paths(td, path: str) -> list[str]:

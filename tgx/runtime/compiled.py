@@ -132,6 +132,11 @@ class CompiledGraph:
         self.state_reasons = tuple(state_reasons) or ("",) * len(self.state)
         #: outputs that may share memory with a state buffer: copied before they are returned
         self.state_alias_outs = tuple(state_alias_outs)
+        #: outputs that may be an argument or a constant or a view of one (`x`,
+        #: `x.reshape(...)`, `x[1:]`): copied before they are returned, so a result never
+        #: shares memory with the caller's arrays (state results are the caller's arrays on
+        #: purpose)
+        self.input_alias_outs = self._input_alias_outs()
         #: whether torch tensors are accepted as state (set by the Plan: return_backend_arrays)
         self.state_backend_arrays = False
         #: BLAS threads while a call runs (None: as they are); 1 when kernels with a pool of
@@ -139,6 +144,19 @@ class CompiledGraph:
         self.blas_threads = None
 
     # -- weights ----------------------------------------------------------------------------
+    def _input_alias_outs(self) -> tuple:
+        # constants too: a result sharing a closed-over array (or the plan's own constant)
+        # would let the caller's writes reach it
+        views = set(self.in_slots) | set(self.consts)
+        for ins in self.instructions:
+            if ins.returns_view:
+                src = ins.ins if ins.view_of is None else [ins.ins[k] for k in ins.view_of]
+                if any(s in views for s in src):
+                    views.update(ins.outs)
+        state_outs = {o for _, o, _ in self.state}
+        return tuple(j for j, s in enumerate(self.out_slots)
+                     if s in views and j not in state_outs and j not in self.state_alias_outs)
+
     def bind_weights(self, args: Sequence[Any]) -> None:
         """Convert the weight arguments to every backend the plan needs them on, once.
 
@@ -339,6 +357,8 @@ class CompiledGraph:
                 release_blas_threads()
         if objs is not None:
             self._write_state(args, objs, outs)
+        for j in self.input_alias_outs:
+            outs[j] = _snapshot(outs[j])
         return outs
 
     def _kernel_error(self, spec, error: Exception) -> KernelError | None:

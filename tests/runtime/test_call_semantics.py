@@ -1,0 +1,75 @@
+"""What a compiled call gives back: results in the arguments' array type, never sharing memory
+with the caller's arrays, and compiled functions that compose with other traced code."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import tgx
+import tgx.numpy as tnp
+
+torch = pytest.importorskip("torch")
+jnp = pytest.importorskip("jax.numpy")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_results_follow_the_argument_array_type(backend):
+    f = tgx.compile(lambda x, y: (x * 2.0 + y, tnp.sum(x)), backends=[backend],
+                    policy="heuristic")
+    x, y = np.arange(3, dtype=np.float32), np.ones(3, np.float32)
+    for wrap, kind in [(np.asarray, np.ndarray), (torch.from_numpy, torch.Tensor),
+                       (jnp.asarray, type(jnp.ones(1)))]:
+        a, s = f(wrap(x), wrap(y))
+        assert isinstance(a, kind) and isinstance(s, kind), (backend, kind, type(a))
+        np.testing.assert_allclose(np.asarray(a), x * 2 + 1)
+        np.testing.assert_allclose(np.asarray(s), 3.0)
+
+
+def test_torch_tensors_that_require_grad_get_a_warning():
+    f = tgx.compile(lambda x: x * 2.0, backends=["numpy"], policy="heuristic")
+    with pytest.warns(UserWarning, match="does not record torch autograd.*tgx.grad"):
+        out = f(torch.ones(2, requires_grad=True))
+    assert isinstance(out, torch.Tensor) and not out.requires_grad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per function
+        f(torch.ones(2, requires_grad=True))
+
+
+@pytest.mark.parametrize("fn", [lambda x: x, lambda x: x.reshape(2, 3), lambda x: x[1:3],
+                                lambda x: tnp.transpose(x.reshape(2, 3)),
+                                lambda x: (x, x * 2.0)])
+@pytest.mark.parametrize("policy", ["heuristic", "fastest"])
+def test_results_never_share_memory_with_arguments(fn, policy):
+    x = np.arange(6, dtype=np.float32)
+    out = tgx.compile(fn, backends=["numpy"], policy=policy, store=None)(x)
+    for o in tgx.tree_flatten(out)[0]:
+        assert not np.shares_memory(o, x)
+    before = x.copy()
+    for o in tgx.tree_flatten(out)[0]:
+        o[...] = -1  # the caller's array is untouched
+    np.testing.assert_array_equal(x, before)
+
+
+def test_results_never_share_memory_with_closed_over_arrays():
+    w = np.arange(4, dtype=np.float32)
+    f = tgx.compile(lambda x: (w, x + 1.0), backends=["numpy"], policy="heuristic")
+    out, _ = f(np.zeros(4, np.float32))
+    out[...] = 7.0
+    np.testing.assert_array_equal(w, np.arange(4))
+    np.testing.assert_array_equal(f(np.zeros(4, np.float32))[0], np.arange(4))
+
+
+def test_compiled_functions_inline_inside_traced_code():
+    inner = tgx.compile(lambda x: tnp.exp(x) * 2.0, policy="heuristic", backends=["numpy"])
+    outer = tgx.compile(lambda x: inner(x) + 1.0, policy="heuristic", backends=["numpy"])
+    x = np.linspace(-1, 1, 5).astype(np.float32)
+    np.testing.assert_allclose(outer(x), np.exp(x) * 2 + 1, rtol=1e-6)
+    g = tgx.make_graph(inner)(tgx.Spec(("N",), "float32"))
+    assert str(g.out_avals[0]) == "f32[N]"
+    np.testing.assert_allclose(tgx.grad(lambda x: tnp.sum(inner(x)))(x), 2 * np.exp(x),
+                               rtol=1e-6)
+    np.testing.assert_allclose(tgx.vmap(inner)(x.reshape(5, 1)), 2 * np.exp(x)[:, None],
+                               rtol=1e-6)
