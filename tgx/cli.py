@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,6 +81,22 @@ def _cmd_export(args: argparse.Namespace) -> int:
     with _open_store(args.store) as st:
         out = st.export(args.out)
     print(f"exported {st.path} to {out}")
+    return 0
+
+
+def _cmd_recover(args: argparse.Namespace) -> int:
+    target = os.path.abspath(args.store or default_store_path())
+    if not os.path.exists(target):
+        raise CliError(f"no benchmark store at {target} (give --store PATH or set $TGX_STORE)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # said below, once
+        st = BenchmarkStore(target, recover=True)
+    st.close()
+    if st.recovered_from:
+        print(f"moved the corrupt store {target} to {st.recovered_from}; "
+              f"{target} is a new, empty store")
+    else:
+        print(f"{target} is a readable store: nothing to recover")
     return 0
 
 
@@ -149,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--env", metavar="ID", help="default: this machine's environment id")
     b.add_argument("--tolerance", type=float, help="maximum max_rel_err")
     b.set_defaults(func=_cmd_best)
+    r = ssub.add_parser("recover", parents=[common, store_opt],
+                        help="move a corrupt store aside and start an empty one")
+    r.set_defaults(func=_cmd_recover)
     x = ssub.add_parser("export", parents=[common, store_opt], help="copy the store to JSON")
     x.add_argument("out", metavar="OUT.json")
     x.set_defaults(func=_cmd_export)

@@ -44,7 +44,7 @@ from .planning.kernel_patterns import match_patterns
 from .planning.options import PlanOptions
 from .planning.regions import fuse_regions
 from .shapes import hint_binding
-from .store import as_store
+from .store import open_for_planning
 from .transforms.simplify import simplify
 
 #: the stages `plan_graph` runs, in order (the lowering's four are `lower_assignment`'s)
@@ -103,9 +103,12 @@ def select(graph: Graph, options: PlanOptions, backends) -> Assignment:
         a = heuristic_assignment(graph, backends, options.device)
         return a.replace(by=f"heuristic (device {options.device}: the benchmark store's "
                             f"selection is CPU-only, so {options.policy!r} falls back)")
-    store = as_store(options.store)  # a store, a path, or None ($TGX_STORE)
+    store, unusable = open_for_planning(options.store)  # a broken store warns once, is unused
+    if unusable:
+        return heuristic_assignment(graph, backends, options.device).replace(
+            by=f"heuristic ({unusable})")
     dims = options.binding or hint_binding(graph.in_avals)
     options = replace(options, store=store, dims=dims)
-    if options.policy == "explore":
+    if options.policy == "explore" and store is not None:
         explore(graph, options, store, backends, dims)
     return fastest_assignment(graph, options, store, flag=options.policy == "fastest")

@@ -56,13 +56,30 @@ _PASSED = Status.PASSED.value
 _ENV_IDS: dict[str, str] = {}  # store path -> this machine's environment id
 
 
+#: ``$TGX_STORE`` values (any case) that turn the default store off
+OFF = ("off", "none")
+
+
+def store_disabled() -> bool:
+    """Whether ``$TGX_STORE`` turns the default store off (``TGX_STORE=off``).
+
+    >>> store_disabled() == (os.environ.get("TGX_STORE", "").strip().lower() in OFF)
+    True
+    """
+    return os.environ.get("TGX_STORE", "").strip().lower() in OFF
+
+
 def default_store_path() -> str:
     """``$TGX_STORE``, else ``$XDG_CACHE_HOME/tgx/store.json``, else ``~/.cache/tgx/store.json``.
+    Raises `StoreError` when ``TGX_STORE=off`` turned the default store off.
 
     >>> default_store_path().endswith(".json") or "TGX_STORE" in os.environ
     True
     """
     explicit = os.environ.get("TGX_STORE")
+    if store_disabled():
+        raise StoreError(f"the default benchmark store is turned off (TGX_STORE={explicit}); "
+                         "give a store path, or unset TGX_STORE")
     if explicit:
         return os.path.abspath(os.path.expanduser(explicit))
     cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
@@ -111,6 +128,29 @@ def _fsync_dir(directory: str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def read_only_reason(path: str) -> str | None:
+    """Why the store at `path` cannot be written, or None. A file or directory with no write
+    permission bit counts as read-only even for root (who could write it anyway): a store
+    marked read-only is never replaced behind its owner's back.
+
+    >>> import tempfile
+    >>> p = os.path.join(tempfile.mkdtemp(), "s.json"); open(p, "w").close()
+    >>> os.chmod(p, 0o444); read_only_reason(p)
+    'the file is read-only'
+    """
+    directory = os.path.dirname(path) or "."
+    for target, what in ((path, "the file"), (directory, f"its directory {directory}")):
+        try:
+            mode = os.stat(target).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            return f"{what} cannot be read ({e.strerror})"
+        if not mode & 0o222 or not os.access(target, os.W_OK):
+            return f"{what} is read-only"
+    return None
 
 
 def atomic_write_json(path: str, data: Any) -> os.stat_result:
@@ -278,15 +318,24 @@ class BenchmarkStore:
     `path` defaults to `default_store_path()`. A corrupt file raises `CorruptStoreError`
     and is left as it is; ``recover=True`` moves it to ``<path>.corrupt-<timestamp>``
     (see `recovered_from`) and starts a fresh store. A newer schema raises
-    `StoreVersionError` and the file is never touched.
+    `StoreVersionError` and the file is never touched. A read-only file is never replaced:
+    writes raise `StoreError`.
+
+    ``best_effort=True`` (the store `tgx.compile` plans with, `open_for_planning`): a write
+    that fails (lock held past `lock_timeout`, disk full, file turned read-only or corrupt)
+    warns once with a `StoreWarning`, writes nothing more and returns what the write would
+    have returned (keys, no ids); a failed re-read keeps the copy already in memory.
     """
 
     def __init__(self, path: str | os.PathLike | None = None, *, recover: bool = False,
-                 lock_timeout: float = 120.0):
+                 lock_timeout: float = 120.0, best_effort: bool = False):
         self.path = os.path.abspath(os.fspath(path)) if path else default_store_path()
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         #: Where a corrupt file was moved by ``recover=True``, else None.
         self.recovered_from: str | None = None
+        self.best_effort = best_effort
+        #: With ``best_effort``: why writes stopped (the first failure), else None.
+        self.write_failure: str | None = None
         self._tlock = threading.RLock()
         # Short poll interval: writers hold the lock for milliseconds, 50 ms polls would
         # serialise many processes far below what the disk can do.
@@ -340,13 +389,42 @@ class BenchmarkStore:
             self._install(doc, sig)
 
     def _read(self) -> _Index:
-        self._refresh_from_disk()
+        try:
+            self._refresh_from_disk()
+        except (StoreError, OSError) as err:
+            if not self.best_effort or self._idx is None or self._closed:
+                raise
+            self._give_up_writing(err, "re-read")  # plan on what was read before
         return self._idx
+
+    def _give_up_writing(self, err: BaseException, what: str) -> None:
+        if self.write_failure is None:
+            self.write_failure = f"{type(err).__name__}: {err}"
+            warnings.warn(f"benchmark store {self.path}: {what} failed ({self.write_failure}); "
+                          "this process writes no more measurements or pending flags to it",
+                          schema.StoreWarning, stacklevel=4)
+
+    def _best_effort(self, write: Any, fallback: Any) -> Any:
+        """``write()``; with ``best_effort``, ``fallback()`` when it fails or writes stopped."""
+        if not self.best_effort:
+            return write()
+        if self.write_failure is not None:
+            return fallback()
+        try:
+            return write()
+        except (StoreError, OSError) as err:
+            if self._closed:
+                raise
+            self._give_up_writing(err, "a write")
+            return fallback()
 
     @contextlib.contextmanager
     def _writing(self) -> Iterator[TinyDB]:
         """Hold both locks, start from the newest file, and let TinyDB write through."""
         with self._tlock, self._flock:
+            problem = read_only_reason(self.path)
+            if problem:
+                raise StoreError(f"benchmark store {self.path} cannot be written: {problem}")
             self._refresh_from_disk(create=True)
             self._storage.writable = True
             try:
@@ -386,11 +464,14 @@ class BenchmarkStore:
             fresh = {r["key"]: dict(r) for r in records if r["key"] not in self._read().pending}
             if not fresh:
                 return 0
-            with self._writing():
-                new = [r for k, r in fresh.items() if k not in self._idx.pending]
-                if new:
-                    self._insert(PENDING, new)
-                return len(new)
+            return self._best_effort(lambda: self._add_pending(fresh), lambda: 0)
+
+    def _add_pending(self, fresh: dict[str, dict]) -> int:
+        with self._writing():
+            new = [r for k, r in fresh.items() if k not in self._idx.pending]
+            if new:
+                self._insert(PENDING, new)
+            return len(new)
 
     def pending(self, env_id: str | None = None) -> list[dict]:
         """Pending records (bytes decoded into ``graph_bytes``), oldest first."""
@@ -410,13 +491,16 @@ class BenchmarkStore:
         with self._tlock:
             if not any(k in self._read().pending for k in keys):
                 return 0
-            with self._writing():
-                ids = [self._idx.pending[k][0] for k in keys if k in self._idx.pending]
-                if ids:
-                    self._db.table(PENDING).remove(doc_ids=ids)
-                    for k in keys:
-                        self._idx.pending.pop(k, None)
-                return len(ids)
+            return self._best_effort(lambda: self._clear_pending(keys), lambda: 0)
+
+    def _clear_pending(self, keys: list[str]) -> int:
+        with self._writing():
+            ids = [self._idx.pending[k][0] for k in keys if k in self._idx.pending]
+            if ids:
+                self._db.table(PENDING).remove(doc_ids=ids)
+                for k in keys:
+                    self._idx.pending.pop(k, None)
+            return len(ids)
 
     # ------------------------------------------------------------ writes
 
@@ -428,13 +512,7 @@ class BenchmarkStore:
             st.add_graph("abc", "mlp", b"...")  # -> 'abc'
         """
         rec = schema.make_graph(graph_hash, name, graph_bytes)
-        with self._tlock:
-            if graph_hash in self._read().graphs:
-                return graph_hash
-            with self._writing():
-                if graph_hash not in self._idx.graphs:
-                    self._insert(GRAPHS, [rec])
-        return graph_hash
+        return self._add_unique(GRAPHS, "graphs", graph_hash, rec)
 
     def add_implementation(self, kind: str, name: str, backend: str, source_hash: str,
                            requirements: Mapping | None = None, payload: bytes | None = None
@@ -452,10 +530,11 @@ class BenchmarkStore:
     def environment_id(self) -> str:
         """The id of this machine's environment, recorded in the store on first use (once
         per process and store path)."""
-        key = self.path
-        hit = _ENV_IDS.get(key)
+        hit = _ENV_IDS.get(self.path)
         if hit is None:
-            hit = _ENV_IDS[key] = self.add_environment(sniff_environment())
+            hit = self.add_environment(sniff_environment())
+            if self.write_failure is None:  # recorded: no need to try again
+                _ENV_IDS[self.path] = hit
         return hit
 
     def add_environment(self, env: Mapping[str, Any]) -> str:
@@ -484,9 +563,13 @@ class BenchmarkStore:
         with self._tlock:
             if key in getattr(self._read(), index_attr):  # fast path, no file lock
                 return key
-            with self._writing():  # check again: another process may have added it
-                if key not in getattr(self._idx, index_attr):
-                    self._insert(table, [rec])
+            return self._best_effort(lambda: self._insert_unique(table, index_attr, key, rec),
+                                     lambda: key)
+
+    def _insert_unique(self, table: str, index_attr: str, key: str, rec: dict) -> str:
+        with self._writing():  # check again: another process may have added it
+            if key not in getattr(self._idx, index_attr):
+                self._insert(table, [rec])
         return key
 
     def add_traces(self, traces: Iterable[Mapping[str, Any]]) -> list[int]:
@@ -500,18 +583,23 @@ class BenchmarkStore:
         records = [schema.make_trace(**t) for t in traces]  # validate before locking
         if not records:
             return []
+        return self._best_effort(lambda: self._insert_traces(records), lambda: [])
+
+    def _insert_traces(self, records: list[dict]) -> list[int]:
         with self._tlock, self._writing():
             return self._insert(TRACES, records)
 
-    def add_trace(self, **fields: Any) -> int:
-        """Insert one trace (fields as in `schema.make_trace`); returns its id.
+    def add_trace(self, **fields: Any) -> int | None:
+        """Insert one trace (fields as in `schema.make_trace`); returns its id (None when a
+        ``best_effort`` store could not write it).
 
         Example (``st`` an open store)::
 
             st.add_trace(graph_hash="g", impl="k", workload="w", env_id="e",
                          status="TIMEOUT", log="killed after 10 s")  # -> 2
         """
-        return self.add_traces([fields])[0]
+        ids = self.add_traces([fields])
+        return ids[0] if ids else None
 
     # ------------------------------------------------------------ reads
 

@@ -54,7 +54,19 @@ class CorruptStoreError(StoreError):
 
 
 class StoreVersionError(StoreError):
-    """The store file was written by a different (newer) schema version."""
+    """The store file has a schema version this tgx cannot read (`version`, at `path`)."""
+
+    def __init__(self, path: str, version: int):
+        self.path, self.version = str(path), version
+        self.newer = version > SCHEMA_VERSION
+        super().__init__(
+            f"benchmark store {self.path} has schema_version {version}, "
+            f"{'newer' if self.newer else 'older'} than this tgx (schema_version "
+            f"{SCHEMA_VERSION}); the file was left untouched")
+
+
+class StoreWarning(UserWarning):
+    """The benchmark store could not be used as asked; tgx went on without it."""
 
 
 class Status(enum.StrEnum):
@@ -285,10 +297,7 @@ def validate_document(doc: Any, path: str) -> dict:
         meta[META_ID]["migrated_from"] = version
         version = SCHEMA_VERSION
     if version != SCHEMA_VERSION:
-        newer = "newer" if version > SCHEMA_VERSION else "older"
-        raise StoreVersionError(
-            f"benchmark store {path} has schema_version {version}, {newer} than this tgx "
-            f"(schema_version {SCHEMA_VERSION}); the file was left untouched")
+        raise StoreVersionError(path, version)
     for name in ALL_TABLES:
         table = doc.setdefault(name, {})
         if not isinstance(table, dict):
