@@ -6,6 +6,8 @@ file:line captured at trace time (see `tgx.tracing.user_frame`).
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 
 
@@ -64,3 +66,13 @@ def check(cond: bool, message: Callable[[], str] | str, exc: type[Exception] = S
     """
     if not cond:
         raise exc(message() if callable(message) else message)
+
+
+def user_site() -> str:
+    """` (at file:line)` of the innermost caller outside the tgx package, for errors raised
+    below the tracing layer (which has the full `user_frame`)."""
+    root = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    f = sys._getframe(1)
+    while f is not None and f.f_code.co_filename.startswith(root):
+        f = f.f_back
+    return "" if f is None else f" (at {f.f_code.co_filename}:{f.f_lineno})"

@@ -44,9 +44,14 @@ class Compiled:
     def __init__(self, fn: Callable, *, policy="fastest", backends=None, dynamic=None,
                  store=None, tolerance=None, memory_budget=None, return_backend_arrays=False,
                  weights=None, state=None, device="cpu", explore_budget=None,
-                 patterns=True, fuse=True):
+                 patterns=True, fuse=True, static_argnums=(), static_argnames=()):
         functools.update_wrapper(self, fn)
         self.fn = fn
+        self._kw = dict(policy=policy, backends=backends, dynamic=dynamic, store=store,
+                        tolerance=tolerance, memory_budget=memory_budget,
+                        return_backend_arrays=return_backend_arrays, weights=weights,
+                        state=state, device=device, explore_budget=explore_budget,
+                        patterns=patterns, fuse=fuse)
         #: how every plan of this function is made (a new signature reuses them)
         self.options = PlanOptions.make(
             policy=policy, backends=backends, device=device, store=store, tolerance=tolerance,
@@ -76,6 +81,10 @@ class Compiled:
         if both:
             raise OptionError(f"arguments {sorted(both)} are named both weights (immutable) and "
                               f"state (updated in place)")
+        #: arguments passed as Python values (part of the cache key), by name
+        self.static = self._arg_names(tuple(_as_tuple(static_argnums))
+                                      + tuple(_as_tuple(static_argnames)), "static")
+        self._by_static: dict[tuple, Compiled] = {}
 
     # the options as given (read from `options`, the one copy)
     policy = property(lambda self: self.options.policy)
@@ -178,10 +187,45 @@ class Compiled:
 
     def lower(self, *args, **kwargs) -> Plan:
         """The `Plan` for arguments given as arrays or `tgx.Spec`s (symbolic names allowed)."""
+        if self.static:
+            inner, dyn = self._with_static(args, kwargs)
+            return inner.lower(**dyn)
         _, tree, avals, names = self._abstract(args, kwargs)
         return self._plan(tree, avals, names)
 
+    def _with_static(self, args, kwargs) -> tuple:
+        """(the compiled function for these static values, the other arguments by name)."""
+        sig = inspect.signature(self.fn)
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise BindingError(f"{self.fn.__name__}{sig}: {e}") from None
+        static, dyn = {}, {}
+        for name, value in bound.arguments.items():
+            (static if name in self.static else dyn)[name] = value
+        key = tuple(sorted(static.items(), key=lambda kv: kv[0]))
+        try:
+            inner = self._by_static.get(key)
+        except TypeError:
+            raise BindingError(f"{self.fn.__name__}: static arguments must be hashable (they "
+                               f"key the compiled plans), got "
+                               f"{ {k: type(v).__name__ for k, v in static.items()} }") from None
+        if inner is None:
+            fn = self.fn
+
+            def with_static(**traced):
+                return fn(**traced, **static)
+
+            with_static.__name__ = getattr(fn, "__name__", "fn")
+            kw = dict(self._kw)
+            kw["dynamic"] = {k: v for k, v in self.dynamic.items() if k in dyn}
+            inner = self._by_static[key] = Compiled(with_static, **kw)
+        return inner, dyn
+
     def __call__(self, *args, **kwargs):
+        if self.static:
+            inner, dyn = self._with_static(args, kwargs)
+            return inner(**dyn)
         if find_top_trace(args) is not None:
             # Called inside a traced function (compile, make_graph, grad, vmap): inline it,
             # as jax.jit does, so compiled functions compose.
@@ -204,6 +248,10 @@ class Compiled:
 
     def __repr__(self) -> str:
         return f"<tgx.compile {getattr(self.fn, '__name__', self.fn)!r}: {len(self._plans)} plans>"
+
+
+def _as_tuple(x) -> tuple:
+    return () if x is None else (x,) if isinstance(x, (int, str)) else tuple(x)
 
 
 _WARNED_GRAD: set = set()
@@ -302,10 +350,13 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
             store=None, tolerance: float | None = None, memory_budget=None,
             return_backend_arrays: bool = False, weights=None, state=None,
             device: str = "cpu", explore_budget: float | None = None,
-            patterns: bool = True, fuse: bool = True):
+            patterns: bool = True, fuse: bool = True, static_argnums=(), static_argnames=()):
     """Compile `fn`: trace per abstract signature, choose kernels, plan buffers, run flat.
 
     Usable as `@tgx.compile` or `@tgx.compile(backends=["torch"], dynamic={"x": {0: "N"}})`.
+    `static_argnums` / `static_argnames` name arguments passed as Python values (an axis, a
+    length, a flag): hashable, part of the cache key (each new value traces and plans anew),
+    as in `jax.jit`.
     Axes declared in `dynamic` (argument name → {axis: symbol}) stay symbolic, so new sizes
     reuse the plan. `memory_budget` (bytes, or {device: bytes}) raises `tgx.OutOfMemory`
     before any kernel runs. `policy`: "fastest" (default: benchmark store, else cost model),
@@ -361,7 +412,8 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
     kw = dict(policy=policy, backends=backends, dynamic=dynamic, store=store,
               tolerance=tolerance, memory_budget=memory_budget,
               return_backend_arrays=return_backend_arrays, weights=weights, state=state,
-              device=device, explore_budget=explore_budget, patterns=patterns, fuse=fuse)
+              device=device, explore_budget=explore_budget, patterns=patterns, fuse=fuse,
+              static_argnums=static_argnums, static_argnames=static_argnames)
     if fn is None:
         return lambda f: Compiled(f, **kw)
     return Compiled(fn, **kw)

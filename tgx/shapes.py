@@ -20,7 +20,13 @@ import ml_dtypes
 import numpy as np
 import sympy
 
-from .errors import DTypeError, ShapeError, SymbolicShapeError
+from .errors import (
+    DTypeError,
+    ShapeError,
+    SymbolicShapeError,
+    TracerControlFlowError,
+    user_site,
+)
 
 Dim = int | sympy.Expr
 Shape = tuple  # tuple[Dim, ...]
@@ -506,7 +512,16 @@ def shapes_provably_equal(a: Shape, b: Shape) -> bool:
         return False
 
 
+def _static_axis(axis, op: str) -> None:
+    if hasattr(axis, "aval"):  # a traced value (shapes sits below tracing: duck-typed)
+        raise TracerControlFlowError(
+            f"{op}: the axis must be a Python int, got a traced value {axis.aval.str_short()}; "
+            f"if it is an argument of a compiled function, mark it static: "
+            f"`tgx.compile(f, static_argnames=(\"axis\",))`{user_site()}")
+
+
 def canonicalize_axis(axis: int, ndim: int, op: str) -> int:
+    _static_axis(axis, op)
     if not -ndim <= axis < max(ndim, 1) or (ndim == 0 and axis not in (0, -1)):
         raise ShapeError(f"{op}: axis {axis} is out of bounds for an array of rank {ndim}")
     return axis % ndim if ndim else 0
@@ -516,6 +531,7 @@ def canonicalize_axes(axis, ndim: int, op: str) -> tuple[int, ...]:
     """`None` → all axes; an int or a sequence → sorted non-negative tuple without repeats."""
     if axis is None:
         return tuple(range(ndim))
+    _static_axis(axis, op)
     if isinstance(axis, (int, np.integer)):
         axis = (int(axis),)
     out = tuple(sorted(canonicalize_axis(int(a), ndim, op) for a in axis))

@@ -7,11 +7,13 @@ needs a concrete value (`if x.sum() > 0`) cannot be traced and raises with the u
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import os
 import sys
-from collections import namedtuple
-from collections.abc import Callable
+from collections import OrderedDict, defaultdict, namedtuple
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,14 +44,26 @@ def where(source_info: SourceInfo | None) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Pytrees
+#
+# A pytree is a nest of containers whose leaves are arrays (or Python scalars, or avals). The
+# containers: tuple, list, dict (children in sorted key order), OrderedDict (insertion order,
+# as every torch `state_dict()`), defaultdict (sorted), None (no children), named tuples and
+# dataclasses (fields in declaration order; frozen ones too), and any class registered with
+# `register_pytree_node`. A `TreeDef` is (node_type, aux, children): `node_type` is
+# (class, unflatten) or None for a leaf; for every kind of dict `aux` is its keys in child
+# order. jit, vmap and serialize read these fields.
 
 _REGISTRY: dict[type, tuple[Callable, Callable]] = {}
+#: unflatten function -> (aux, number of children) -> the key path entry of each child
+_KEYS: dict[Callable, Callable[[Any, int], list[str]]] = {}
 
 
 def register_pytree_node(cls: type, flatten: Callable, unflatten: Callable) -> None:
     """Let `cls` hold arrays in traced arguments and results.
 
     `flatten(obj) -> (children, aux)`; `unflatten(aux, children) -> obj`; `aux` is hashable.
+    (Named tuples and dataclasses need no registration; registering one replaces the automatic
+    rule.)
 
     >>> class Pair:
     ...     def __init__(self, a, b): self.a, self.b = a, b
@@ -60,33 +74,135 @@ def register_pytree_node(cls: type, flatten: Callable, unflatten: Callable) -> N
     _REGISTRY[cls] = (flatten, unflatten)
 
 
+def _sorted_keys(d: dict) -> tuple:
+    try:
+        return tuple(sorted(d))
+    except TypeError:  # keys of several types (1 and "a"): by type name, then value
+        try:
+            return tuple(sorted(d, key=lambda k: (type(k).__qualname__, k)))
+        except TypeError:
+            return tuple(d)
+
+
+class _DefaultDictKeys(tuple):
+    """The aux of a defaultdict: its sorted keys (as for every dict), plus the factory."""
+
+    def __new__(cls, keys, factory):
+        self = super().__new__(cls, keys)
+        self.factory = factory
+        return self
+
+    def __eq__(self, other):
+        return (type(other) is _DefaultDictKeys and self.factory == other.factory
+                and tuple.__eq__(self, other))
+
+    def __ne__(self, other):
+        return not self == other
+
+    def __hash__(self):
+        return hash((tuple(self), self.factory))
+
+    def __repr__(self):
+        return f"defaultdict({getattr(self.factory, '__name__', self.factory)}, {tuple(self)})"
+
+
+def _dict_flatten(d):
+    keys = _sorted_keys(d)
+    return tuple([d[k] for k in keys]), keys
+
+
+def _defaultdict_flatten(d):
+    children, keys = _dict_flatten(d)
+    return children, _DefaultDictKeys(keys, d.default_factory)
+
+
+def _dict_unflatten(keys, children):
+    return dict(zip(keys, children))
+
+
+def _ordered_unflatten(keys, children):
+    return OrderedDict(zip(keys, children))
+
+
+def _defaultdict_unflatten(keys, children):
+    return defaultdict(keys.factory, zip(keys, children))
+
+
+def _dict_keys(keys, n):
+    return [f"[{k!r}]" for k in keys]
+
+
 register_pytree_node(tuple, lambda t: (t, None), lambda _, c: tuple(c))
 register_pytree_node(list, lambda t: (t, None), lambda _, c: list(c))
-register_pytree_node(dict, lambda d: (tuple(d[k] for k in sorted(d)), tuple(sorted(d))),
-                     lambda keys, c: dict(zip(keys, c)))
+register_pytree_node(dict, _dict_flatten, _dict_unflatten)
+register_pytree_node(OrderedDict, lambda d: (tuple(d.values()), tuple(d)), _ordered_unflatten)
+register_pytree_node(defaultdict, _defaultdict_flatten, _defaultdict_unflatten)
 register_pytree_node(type(None), lambda _: ((), None), lambda _, __: None)
+for _f in (_dict_unflatten, _ordered_unflatten, _defaultdict_unflatten):
+    _KEYS[_f] = _dict_keys
 
 TreeDef = namedtuple("TreeDef", "node_type aux children")
 _NODES = {t: (t, _REGISTRY[t][1]) for t in (dict, tuple, list)}
 _LEAF = TreeDef(None, None, ())
+_new = tuple.__new__  # TreeDef(...) without namedtuple's Python-level __new__ (hot path)
 
 
-_NAMEDTUPLE_UNFLATTEN: dict[type, Callable] = {}
+_AUTO_RULES: dict[type, tuple | None] = {}
 
 
-def _namedtuple_unflatten(t: type) -> Callable:
-    # one function per class: TreeDefs of equal structure must compare (and hash) equal
-    fn = _NAMEDTUPLE_UNFLATTEN.get(t)
-    if fn is None:
-        fn = _NAMEDTUPLE_UNFLATTEN[t] = lambda _, c: t(*c)
-    return fn
+def _auto_rule(t: type):
+    """The rule of a named tuple or dataclass `t` (None for other classes), made once per
+    class: TreeDefs of equal structure must compare, and hash, equal."""
+    try:
+        return _AUTO_RULES[t]
+    except KeyError:
+        pass
+    rule = None
+    if issubclass(t, tuple) and hasattr(t, "_fields"):
+        fields = t._fields
+
+        def flatten(x):
+            return tuple(x), None
+
+        def unflatten(_, children):
+            return t(*children)
+
+        rule = (flatten, unflatten)
+        _KEYS[unflatten] = lambda aux, n: [f".{f}" for f in fields]
+    elif dataclasses.is_dataclass(t) and not (hasattr(t, "shape") and hasattr(t, "dtype")):
+        # dataclasses that look like arrays (tgx.Spec's ShapedArray) stay leaves
+        rule = _dataclass_rule(t)
+    _AUTO_RULES[t] = rule
+    return rule
+
+
+def _dataclass_rule(t: type):
+    fs = dataclasses.fields(t)
+    static = tuple(f.name for f in fs if f.metadata.get("static", False))
+    data = tuple(f.name for f in fs if not f.metadata.get("static", False))
+
+    def flatten(x):
+        return (tuple([getattr(x, n) for n in data]),
+                tuple([getattr(x, n) for n in static]) if static else None)
+
+    def unflatten(aux, children):
+        # rebuilt field by field, without __init__: the children may be tracers, avals or
+        # plain indices, which a __post_init__ need not accept (frozen ones too)
+        obj = object.__new__(t)
+        for n, c in zip(data, children):
+            object.__setattr__(obj, n, c)
+        for n, v in zip(static, aux or ()):
+            object.__setattr__(obj, n, v)
+        return obj
+
+    _KEYS[unflatten] = lambda aux, n: [f".{f}" for f in data]
+    return flatten, unflatten
 
 
 def _flatten_rule(x):
+    """(children, aux, unflatten) of a container, or None for a leaf."""
     t = type(x)
-    rule = _REGISTRY.get(t)
-    if rule is None and isinstance(x, tuple) and hasattr(x, "_fields"):  # namedtuples
-        return tuple(x), None, _namedtuple_unflatten(t)
+    rule = _REGISTRY.get(t) or _auto_rule(t)
     if rule is None:
         return None
     flatten, unflatten = rule
@@ -102,43 +218,79 @@ def tree_flatten(x: Any) -> tuple[list, TreeDef]:
     """
     leaves: list = []
     append = leaves.append
+    ndarray = np.ndarray
     # the containers every call passes, handled inline (this runs on every compiled call)
     dict_node, tuple_node, list_node = _NODES[dict], _NODES[tuple], _NODES[list]
 
     def rec(x):
         t = type(x)
-        if t is dict:
-            keys = tuple(sorted(x))
-            return TreeDef(dict_node, keys, tuple([rec(x[k]) for k in keys]))
-        if t is tuple:
-            return TreeDef(tuple_node, None, tuple([rec(c) for c in x]))
-        if t is list:
-            return TreeDef(list_node, None, tuple([rec(c) for c in x]))
-        if t is np.ndarray:
+        if t is ndarray:
             append(x)
             return _LEAF
+        if t is dict:
+            try:
+                keys = tuple(sorted(x))
+            except TypeError:
+                keys = _sorted_keys(x)
+            children = []
+            add = children.append
+            for k in keys:
+                c = x[k]
+                if type(c) is ndarray:
+                    append(c)
+                    add(_LEAF)
+                else:
+                    add(rec(c))
+            return _new(TreeDef, (dict_node, keys, tuple(children)))
+        if t is tuple or t is list:
+            children = []
+            add = children.append
+            for c in x:
+                if type(c) is ndarray:
+                    append(c)
+                    add(_LEAF)
+                else:
+                    add(rec(c))
+            return _new(TreeDef, (tuple_node if t is tuple else list_node, None,
+                                  tuple(children)))
         r = _flatten_rule(x)
         if r is None:
             append(x)
             return _LEAF
         children, aux, unflatten = r
-        return TreeDef((t, unflatten), aux, tuple([rec(c) for c in children]))
+        return _new(TreeDef, ((t, unflatten), aux, tuple([rec(c) for c in children])))
 
     return leaves, rec(x)
 
 
 def tree_unflatten(treedef: TreeDef, leaves) -> Any:
+    """The pytree of structure `treedef` with `leaves` in flattening order.
+
+    >>> leaves, td = tree_flatten({"b": 1, "a": (2, None)})
+    >>> tree_unflatten(td, [10, 20])
+    {'a': (10, None), 'b': 20}
+    """
     it = iter(leaves)
+    nxt = it.__next__
 
     def rec(td):
-        if td.node_type is None:
-            return next(it)
-        return td.node_type[1](td.aux, [rec(c) for c in td.children])
+        node = td[0]
+        if node is None:
+            return nxt()
+        unflatten = node[1]
+        if unflatten is _dict_unflatten:
+            return dict(zip(td[1], [rec(c) for c in td[2]]))
+        return unflatten(td[1], [rec(c) for c in td[2]])
 
     return rec(treedef)
 
 
 def tree_map(f: Callable, tree: Any) -> Any:
+    """`f` applied to every leaf, in a pytree of the same structure.
+
+    >>> tree_map(lambda x: x * 2, {"w": 1, "b": [2, 3]})
+    {'b': [4, 6], 'w': 2}
+    """
     leaves, td = tree_flatten(tree)
     return tree_unflatten(td, [f(x) for x in leaves])
 
@@ -148,6 +300,34 @@ def tree_structure_str(td: TreeDef) -> str:
         return "*"
     name = td.node_type[0].__name__
     return f"{name}({', '.join(tree_structure_str(c) for c in td.children)})"
+
+
+def child_keys(td: TreeDef) -> list[str]:
+    """The key path entry of each child of node `td`: `['w']` for a dict, `.w` for a named
+    tuple or dataclass field, `[0]` otherwise."""
+    keys = _KEYS.get(td.node_type[1])
+    if keys is not None:
+        return keys(td.aux, len(td.children))
+    return [f"[{i}]" for i in range(len(td.children))]
+
+
+def leaf_paths(td: TreeDef, root: str = "") -> list[str]:
+    """The key path of every leaf, in flattening order, as Python would spell it.
+
+    >>> leaf_paths(tree_flatten({"layers": [{"w": 1}], "b": 2})[1], "params")
+    ["params['b']", "params['layers'][0]['w']"]
+    """
+    out: list[str] = []
+
+    def rec(td, path):
+        if td.node_type is None:
+            out.append(path)
+            return
+        for k, c in zip(child_keys(td), td.children):
+            rec(c, path + k)
+
+    rec(td, root)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,8 +373,9 @@ class Tracer:
             f"{what} was called on a traced value {self.aval.str_short()}{where(info)}: its value "
             f"is only known when the compiled function runs, so Python control flow (`if`, "
             f"`while`, `and`/`or`, `bool()`, `int()`, `float()`) cannot depend on it. Use "
-            f"`tnp.where(cond, a, b)` to select values, or pass the value as a static Python "
-            f"number.")
+            f"`tnp.where(cond, a, b)` to select values; if the value is an argument of a "
+            f"compiled function that should be a Python number (an axis, a length, a flag), "
+            f"mark it static: `tgx.compile(f, static_argnames=(\"name\",))`.")
 
     def __bool__(self):
         self._concrete("bool()")
@@ -328,18 +509,40 @@ def trace_to_graph(f: Callable, in_avals_tree: Any, hints: list | None = None,
         args, kwargs = tree_unflatten(in_tree, tracers)
         out = f(*args, **kwargs)
         out_leaves, out_tree = tree_flatten(out)
-        for x in out_leaves:
+        for i, x in enumerate(out_leaves):
             if not isinstance(x, (Tracer, np.ndarray, np.generic, int, float, bool)):
-                raise DTypeError(f"traced function returned a {type(x).__name__}; outputs must be "
-                                 f"arrays or pytrees of arrays")
+                path = leaf_paths(out_tree, "output")[i]
+                raise DTypeError(f"traced function returned a {type(x).__name__} at {path}; "
+                                 f"outputs must be arrays or pytrees of arrays")
         return b.build([t.variable for t in tracers], out_leaves, in_tree, out_tree)
 
 
-def abstractify(args: tuple, kwargs: dict) -> tuple:
-    """The pytree (args, kwargs) with every leaf replaced by its aval."""
+def abstractify(args: tuple, kwargs: dict, arg_names: Sequence[str] | None = None) -> tuple:
+    """The pytree (args, kwargs) with every leaf replaced by its aval; `arg_names` (the
+    positional parameters' names) name a bad leaf in the error (`params['layers'][3]['w']`)."""
     leaves, tree = tree_flatten((args, kwargs))
-    avals = [_arg_aval(x, f"#{i}") for i, x in enumerate(leaves)]
+    names = leaf_names(tree, len(leaves), arg_names=arg_names)
+    avals = [_arg_aval(x, name) for x, name in zip(leaves, names)]
     return tree_unflatten(tree, avals)
+
+
+def positional_names(fn: Callable, n: int) -> list[str]:
+    """The names of `fn`'s first `n` positional parameters (`xs[0]`, `xs[1]` for `*xs`), as
+    far as its signature tells."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    names: list[str] = []
+    for p in params:
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+        elif p.kind is p.VAR_POSITIONAL:
+            names += [f"{p.name}[{j}]" for j in range(n - len(names))]
+            break
+        else:
+            break
+    return names[:n]
 
 
 def make_graph(f: Callable) -> Callable[..., Graph]:
@@ -353,7 +556,7 @@ def make_graph(f: Callable) -> Callable[..., Graph]:
 
     @functools.wraps(f)
     def traced(*args, **kwargs) -> Graph:
-        return trace_to_graph(f, abstractify(args, kwargs))
+        return trace_to_graph(f, abstractify(args, kwargs, positional_names(f, len(args))))
 
     return traced
 
@@ -363,28 +566,29 @@ def describe_arg_mismatch(name: str, expected: ShapedArray, actual: ShapedArray)
             f"got {actual.str_short()}")
 
 
-def leaf_names(tree: TreeDef | None, n: int, root: str = "args") -> list[str]:
-    """Readable paths of the leaves of ((args), {kwargs}) trees: `params['w1']`, `x`, `#0`."""
+def leaf_names(tree: TreeDef | None, n: int, root: str = "args",
+               arg_names: Sequence[str] | None = None) -> list[str]:
+    """Readable paths of the leaves of ((args), {kwargs}) trees, for error messages:
+    `params['layers'][3]['w']`, `state.h`, `x`. Positional argument i is `arg_names[i]` when
+    given, else `args[i]`; keyword arguments go by their names.
+
+    >>> leaf_names(tree_flatten((({"w": 1}, 2), {"y": 3}))[1], 3, arg_names=["params"])
+    ["params['w']", 'args[1]', 'y']
+    """
     if tree is None:
         return [f"#{i}" for i in range(n)]
     names: list[str] = []
-
-    def rec(td, path):
-        if td.node_type is None:
-            names.append(path)
-            return
-        t = td.node_type[0]
-        for i, c in enumerate(td.children):
-            key = repr(td.aux[i]) if t is dict else str(i)
-            rec(c, f"{path}[{key}]")
-
-    # The top level is (args_tuple, kwargs_dict): name positional args "args[0]", kwargs by name.
-    if tree.node_type is not None and tree.node_type[0] is tuple and len(tree.children) == 2:
+    if (tree.node_type is not None and tree.node_type[0] is tuple and len(tree.children) == 2
+            and tree.children[0].node_type is not None
+            and tree.children[0].node_type[0] is tuple
+            and tree.children[1].node_type is not None
+            and tree.children[1].node_type[0] is dict):
         args_td, kw_td = tree.children
         for i, c in enumerate(args_td.children):
-            rec(c, f"args[{i}]")
-        for k, c in zip(kw_td.aux or (), kw_td.children):
-            rec(c, k)
+            names += leaf_paths(c, arg_names[i] if arg_names and i < len(arg_names)
+                                else f"args[{i}]")
+        for k, c in zip(kw_td.aux, kw_td.children):
+            names += leaf_paths(c, str(k))
     else:
-        rec(tree, root)
+        names = leaf_paths(tree, root)
     return names if len(names) == n else [f"#{i}" for i in range(n)]

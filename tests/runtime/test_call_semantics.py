@@ -73,3 +73,27 @@ def test_compiled_functions_inline_inside_traced_code():
                                rtol=1e-6)
     np.testing.assert_allclose(tgx.vmap(inner)(x.reshape(5, 1)), 2 * np.exp(x)[:, None],
                                rtol=1e-6)
+
+
+def test_static_arguments_key_the_plans():
+    f = tgx.compile(lambda x, axis, n: tnp.sum(x[:n], axis=axis),
+                    static_argnames=("axis", "n"), policy="heuristic", backends=["numpy"])
+    x = np.arange(12.0).reshape(4, 3)
+    np.testing.assert_array_equal(f(x, 0, 2), x[:2].sum(0))
+    np.testing.assert_array_equal(f(x, axis=1, n=3), x[:3].sum(1))
+    np.testing.assert_array_equal(f(x, 1, 3), x[:3].sum(1))  # same values: same plan
+    assert len(f._by_static) == 2
+    g = tgx.compile(lambda x, axis: tnp.sum(x, axis=axis), static_argnums=1,
+                    policy="heuristic", backends=["numpy"])
+    np.testing.assert_array_equal(g(x, 1), x.sum(1))
+    assert g.lower(x, 0).graph.eqns[0].params["axes"] == (0,)
+    with pytest.raises(tgx.BindingError, match="static arguments must be hashable"):
+        g(x, [1])
+
+
+def test_a_traced_axis_says_to_mark_it_static():
+    g = tgx.compile(lambda x, axis: tnp.sum(x, axis=axis), policy="heuristic",
+                    backends=["numpy"])
+    with pytest.raises(tgx.TracerControlFlowError,
+                       match=r"axis must be a Python int.*static_argnames.*test_call_semantics"):
+        g(np.ones((2, 3)), 1)
