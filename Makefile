@@ -10,6 +10,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch is pinned to the local CPU wheel (an unpinned torch pulls GBs of CUDA packages).
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	# tgx was installed as "tgx" before it became tgx-trace: drop that record (and its script)
+	$(PY) -m pip uninstall -q -y --disable-pip-version-check tgx 2>/dev/null || true
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[torch,jax,numba,test]"
 	touch $(STAMP)
 

@@ -58,6 +58,11 @@ def _libraries() -> list[str]:
 def _library_versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for name in _libraries():
+        if name == "tgx":
+            # the running code's version, imported already (this module is inside it); the
+            # distribution is named tgx-trace, and an unrelated "tgx" is on PyPI
+            out[name] = getattr(sys.modules.get("tgx"), "__version__", None)
+            continue
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -67,8 +72,25 @@ def _library_versions() -> dict[str, str | None]:
     return out
 
 
+#: device nodes of a GPU driver (NVIDIA, WSL's, ROCm's): without any, a Linux machine has
+#: no GPU torch could see, and the sniffer need not import torch (seconds) to say so
+GPU_DEVICE_NODES = ("/dev/nvidiactl", "/dev/nvidia0", "/proc/driver/nvidia", "/dev/dxg",
+                    "/dev/kfd")
+
+
+def _may_have_gpu() -> bool:
+    if sys.platform == "darwin":  # no CUDA on macOS
+        return False
+    if sys.platform.startswith("linux"):
+        return any(os.path.exists(p) for p in GPU_DEVICE_NODES)
+    return True
+
+
 def _gpus() -> list[dict[str, Any]]:
-    # Only look at CUDA if torch is already installed; importing it is slow, so lazily.
+    # torch reads the CUDA properties, so only where a GPU driver is present: a NumPy-only
+    # compile on a CPU machine (its store records this environment) never imports torch.
+    if not _may_have_gpu():
+        return []
     try:
         import torch
         if not torch.cuda.is_available():
