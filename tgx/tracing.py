@@ -392,6 +392,21 @@ class Tracer:
     def __complex__(self):
         self._concrete("complex()")
 
+    def item(self, *args):
+        self._concrete(".item()")
+
+    def tolist(self):
+        self._concrete(".tolist()")
+
+    def __array_function__(self, func, types, args, kwargs):
+        # np.sum(tracer) and friends: NumPy would call tracer.sum(out=...) or convert it
+        info = user_frame(2)
+        name = getattr(func, "__name__", str(func))
+        raise TracerControlFlowError(
+            f"numpy.{name}() was called on a traced value {self.aval.str_short()}"
+            f"{where(info)}: NumPy functions need concrete arrays; use tgx.numpy.{name} "
+            f"(`import tgx.numpy as tnp`) inside traced code.")
+
     def __array__(self, *a, **k):
         info = user_frame(2)
         raise TracerControlFlowError(

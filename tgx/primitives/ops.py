@@ -22,7 +22,14 @@ import numpy as np
 import sympy
 
 from ..core import Literal
-from ..errors import DTypeError, IndexingError, ShapeError, TracerControlFlowError, Unsupported
+from ..errors import (
+    DTypeError,
+    IndexingError,
+    ShapeError,
+    TracerControlFlowError,
+    Unsupported,
+    user_site,
+)
 from ..shapes import (
     DEFAULT_FLOAT,
     DEFAULT_INT,
@@ -608,7 +615,8 @@ def matmul(a, b):
     a, b = _as_operand(a), _as_operand(b)
     sa, sb = _aval(a).shape, _aval(b).shape
     if not sa or not sb:
-        raise ShapeError("matmul: operands must be at least 1-D (use multiply for scalars)")
+        raise ShapeError(f"matmul: operands must be at least 1-D (use multiply for scalars), "
+                         f"got {_aval(a).str_short()} @ {_aval(b).str_short()}{user_site()}")
     squeeze_a, squeeze_b = len(sa) == 1, len(sb) == 1
     if squeeze_a:
         a = reshape(a, (1,) + sa)
@@ -617,7 +625,8 @@ def matmul(a, b):
     sa, sb = _aval(a).shape, _aval(b).shape
     if not dim_eq(sa[-1], sb[-2]):
         raise ShapeError(f"matmul: contracting dimensions differ: {shape_str(sa)} @ "
-                         f"{shape_str(sb)} ({dim_str(sa[-1])} vs {dim_str(sb[-2])})")
+                         f"{shape_str(sb)} ({dim_str(sa[-1])} vs {dim_str(sb[-2])})"
+                         f"{user_site()}")
     if len(sb) == 2:
         # (..., M, K) @ (K, N): contract directly, no batch dims needed.
         out = dot_general_p.bind(a, b, dimension_numbers=(((len(sa) - 1,), (0,)), ((), ())))
