@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 import sympy
+from sympy.parsing.sympy_parser import parse_expr
 
 from .errors import (
     DTypeError,
@@ -58,11 +60,29 @@ def as_dim(d: Any) -> Dim:
         if d < 0:
             raise ShapeError(f"dims must be non-negative, got {d}")
         return int(d)
+    if isinstance(d, SymDim):
+        return d.expr
     if isinstance(d, str):
-        return sym(d)
+        return sym(d) if d.isidentifier() else _canon_expr(_parse_dim(d))
     if isinstance(d, sympy.Basic):
         return _canon_expr(d)
     raise ShapeError(f"a dim must be an int, a symbol name or a sympy expression, got {d!r}")
+
+
+def _parse_dim(text: str) -> sympy.Expr:
+    """A dim expression such as "2*N" or "N + 1" over positive integer symbols."""
+    names = {n: sym(n) for n in re.findall(r"[A-Za-z_]\w*", text)}
+    try:
+        e = parse_expr(text, local_dict=names, global_dict={"Integer": sympy.Integer})
+    except (sympy.SympifyError, SyntaxError, TypeError, NameError) as err:
+        raise SymbolicShapeError(f"cannot read the dim {text!r}: {err}") from None
+    if not isinstance(e, sympy.Expr) or not e.free_symbols and not e.is_Integer:
+        raise SymbolicShapeError(f"a dim expression must be an integer expression over "
+                                 f"symbols, got {text!r}")
+    e = e.xreplace({s: sym(s.name) for s in e.free_symbols})
+    if not e.is_integer and e.is_integer is not None:
+        raise SymbolicShapeError(f"the dim {text!r} is not an integer")
+    return e
 
 
 @functools.lru_cache(maxsize=65536)
@@ -91,7 +111,7 @@ def dim_eq(a: Dim, b: Dim) -> bool:
     """
     if type(a) is int and type(b) is int:
         return a == b
-    return _sym_eq(a, b)
+    return _sym_eq(_unwrap(a), _unwrap(b))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -112,7 +132,7 @@ def dim_ge(a: Dim, b: Dim) -> bool:
     """Whether a >= b for every binding; raises when that depends on the binding."""
     if type(a) is int and type(b) is int:
         return a >= b
-    return _sym_ge(a, b)
+    return _sym_ge(_unwrap(a), _unwrap(b))
 
 
 @functools.lru_cache(maxsize=65536)
@@ -127,6 +147,10 @@ def _sym_ge(a: Dim, b: Dim) -> bool:
         nonneg = shifted.is_nonnegative
         if nonneg is None and shifted.is_negative:
             nonneg = False
+    if nonneg is None and diff.has(sympy.floor):
+        low = _floor_lower_bound(diff)
+        if low is not None and _sym_ge(low, 0):
+            nonneg = True
     if nonneg is None:
         raise SymbolicShapeError(
             f"cannot decide whether {dim_str(a)} >= {dim_str(b)}: it depends on the values of "
@@ -135,10 +159,160 @@ def _sym_ge(a: Dim, b: Dim) -> bool:
     return bool(nonneg)
 
 
+def _floor_lower_bound(diff):
+    """A floor-free lower bound of `diff` (floor(p/q) >= (p - q + 1)/q for an integer p and
+    a positive integer q; a floor with a negative coefficient is bounded by p/q), or None."""
+    out = sympy.Integer(0)
+    for term in sympy.Add.make_args(sympy.expand(diff)):
+        c, rest = term.as_coeff_Mul()
+        if isinstance(rest, sympy.floor):
+            p, q = rest.args[0].as_numer_denom()
+            if not (q.is_Integer and q > 0):
+                return None
+            rest = (p - q + 1) / q if c > 0 else p / q
+        elif rest.has(sympy.floor):
+            return None
+        out += c * rest
+    return sympy.expand(out)
+
+
 def dim_str(d: Dim) -> str:
     if type(d) is int:
         return str(d)
-    return str(d).replace(" ", "")
+    return str(_unwrap(d)).replace(" ", "")
+
+
+def _unwrap(d):
+    return d.expr if isinstance(d, SymDim) else d
+
+
+class SymDim:
+    """A symbolic dim as traced code sees it (`x.shape[0]` when axis 0 is `N`).
+
+    Comparisons are decided for every binding of the symbols (all >= 1) or raise
+    `SymbolicShapeError` naming both sides and the user's line: `x.shape[0] == 4` cannot be
+    answered at trace time, and answering False would bake one branch into a plan that also
+    serves N = 4. Arithmetic stays symbolic (`x.shape[0] // 2` slices fine), and no Python int
+    can be taken from it (`range(x.shape[0])` needs a concrete size).
+
+    >>> n = SymDim(sym("N"))
+    >>> n >= 1, n * 2 - n == n, str(n // 2)
+    (True, True, 'floor(N/2)')
+    """
+
+    __slots__ = ("expr",)
+
+    def __init__(self, expr):
+        self.expr = expr
+
+    def _sympy_(self):
+        return self.expr
+
+    def _decide(self, op: str, other, fn):
+        try:
+            return fn()
+        except SymbolicShapeError as e:
+            raise SymbolicShapeError(
+                f"{e} (comparing dims: {dim_str(self)} {op} {dim_str(_unwrap(other))}){user_site()}"
+                f"; the branch would hold for some sizes only. Make the dim concrete (drop it "
+                f"from `dynamic=` / use a number in the Spec), or compute both branches and "
+                f"select with tnp.where") from None
+
+    def __eq__(self, other):
+        if not isinstance(other, (int, np.integer, SymDim, sympy.Basic)):
+            return NotImplemented
+        return self._decide("==", other, lambda: dim_eq(self.expr, _unwrap(other)))
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    def __ge__(self, other):
+        return self._decide(">=", other, lambda: dim_ge(self.expr, _unwrap(other)))
+
+    def __le__(self, other):
+        return self._decide("<=", other, lambda: dim_ge(_unwrap(other), self.expr))
+
+    def __gt__(self, other):
+        return not self.__le__(other)
+
+    def __lt__(self, other):
+        return not self.__ge__(other)
+
+    def __bool__(self):
+        return self != 0
+
+    def __hash__(self):
+        return hash(self.expr)
+
+    def _concrete(self, what: str):
+        raise SymbolicShapeError(
+            f"{what} needs a concrete size, but this dim is {dim_str(self)} (symbolic)"
+            f"{user_site()}: its value is only known when the compiled function runs. Use a "
+            f"concrete size for this axis, or an op over the whole axis (sums, tnp.cumsum, "
+            f"tgx.unroll for loops)")
+
+    def __index__(self):
+        self._concrete("using a dim as an index or a range bound")
+
+    def __int__(self):
+        self._concrete("int()")
+
+    def __float__(self):
+        self._concrete("float()")
+
+    def _arith(self, other, fn):
+        if isinstance(other, (SymDim, sympy.Basic)) or (
+                isinstance(other, (int, np.integer)) and not isinstance(other, bool)):
+            out = as_dim(fn(self.expr, _unwrap(other)))
+            return out if type(out) is int else SymDim(out)
+        return NotImplemented
+
+    def __add__(self, o):
+        return self._arith(o, lambda a, b: a + b)
+
+    def __radd__(self, o):
+        return self._arith(o, lambda a, b: b + a)
+
+    def __sub__(self, o):
+        return self._arith(o, lambda a, b: a - b)
+
+    def __rsub__(self, o):
+        return self._arith(o, lambda a, b: b - a)
+
+    def __mul__(self, o):
+        return self._arith(o, lambda a, b: a * b)
+
+    def __rmul__(self, o):
+        return self._arith(o, lambda a, b: b * a)
+
+    def __floordiv__(self, o):
+        return self._arith(o, lambda a, b: sympy.floor(a / b))
+
+    def __rfloordiv__(self, o):
+        return self._arith(o, lambda a, b: sympy.floor(b / a))
+
+    def __mod__(self, o):
+        return self._arith(o, lambda a, b: sympy.Mod(a, b))
+
+    def __neg__(self):
+        return SymDim(-self.expr)
+
+    def __truediv__(self, o):  # a float: a value, not a dim (`x / x.shape[0]` via tnp)
+        return sympy.sympify(self.expr) / _unwrap(o)
+
+    def __getattr__(self, name):  # free_symbols, is_Symbol, subs, ... for tgx internals
+        return getattr(self.expr, name)
+
+    def __repr__(self):
+        return dim_str(self.expr)
+
+    __str__ = __repr__
+
+
+def user_dims(shape: Shape) -> tuple:
+    """`shape` as traced code sees it: symbolic dims as `SymDim`s."""
+    return tuple(d if type(d) is int else SymDim(d) for d in shape)
 
 
 def shape_str(shape: Shape) -> str:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .core import Eqn, Graph, Literal, Params, Primitive, SourceInfo, Trace, Var
 from .errors import DTypeError, TgxError, TracerControlFlowError
-from .shapes import ShapedArray, aval_of, dim_str, is_concrete, shape_str
+from .shapes import ShapedArray, aval_of, dim_str, is_concrete, shape_str, user_dims
 
 # ---------------------------------------------------------------------------------------------
 # Source info: the first frame outside the tgx package
@@ -349,7 +349,8 @@ class Tracer:
 
     @property
     def shape(self) -> tuple:
-        return self.variable.aval.shape
+        # symbolic dims as SymDim: comparisons that depend on the binding raise, never guess
+        return user_dims(self.variable.aval.shape)
 
     @property
     def dtype(self) -> np.dtype:

@@ -17,7 +17,7 @@ from .. import numpy as tnp
 from ..errors import OptionError, Unsupported
 from ..primitives import layers as Ly
 from ..primitives.ops import _as_operand, _aval, _promoted
-from ..shapes import as_dim, as_dtype, float32, int64
+from ..shapes import SymDim, as_dim, as_dtype, float32, int64
 
 __all__ = ["linear", "matmul", "bmm", "einsum", "embedding", "apply_rotary_emb",
            "rope_cos_sin", "rotate_half"]
@@ -81,7 +81,7 @@ def rope_cos_sin(positions, head_dim, base=10000.0, dtype=float32):
     angles `p * base ** (-2i / head_dim)` for i < head_dim / 2, repeated for both halves.
     `positions` is an array of positions, or a length (an int, a symbolic dim or a name like
     "S") meaning `arange(length)`."""
-    if isinstance(positions, (int, str, sympy.Basic)):
+    if isinstance(positions, (int, str, sympy.Basic, SymDim)):
         positions = tnp.iota(int64, (as_dim(positions),), 0)
     cos, sin = Ly.rope_cos_sin_p.bind(_as_operand(tnp.asarray(positions)),
                                       head_dim=int(head_dim), base=float(base),

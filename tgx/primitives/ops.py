@@ -34,6 +34,7 @@ from ..shapes import (
     DEFAULT_FLOAT,
     DEFAULT_INT,
     ShapedArray,
+    SymDim,
     as_dim,
     as_dtype,
     bfloat16,
@@ -108,6 +109,8 @@ from .reductions import argmax_p, reduce_max_p, reduce_min_p, reduce_sum_p
 def _aval(x: Any) -> ShapedArray:
     if isinstance(x, (Tracer, Literal)):
         return x.aval
+    if isinstance(x, SymDim):
+        x = x.expr
     if isinstance(x, sympy.Basic):  # a symbolic size used as a number (`x / x.shape[0]`)
         return ShapedArray((), DEFAULT_INT if x.is_integer else DEFAULT_FLOAT, True)
     return aval_of(x)
@@ -139,6 +142,8 @@ def asarray(x: Any, dtype=None):
 
 
 def _cast(x: Any, dtype: np.dtype, weak: bool = False):
+    if isinstance(x, SymDim):
+        x = x.expr
     if isinstance(x, sympy.Basic):
         return dim_as_value_p.bind(expr=x, dtype=dtype)
     if isinstance(x, (bool, int, float)):
@@ -204,7 +209,7 @@ def _prod_dims(dims):
 
 
 def _norm_shape(newshape, size, op="reshape") -> tuple:
-    if isinstance(newshape, (int, str, sympy.Basic)) or (
+    if isinstance(newshape, (int, str, sympy.Basic, SymDim)) or (
             hasattr(newshape, "__index__") and not isinstance(newshape, tuple)):
         newshape = (newshape,)
     dims = [as_dim(d) if not (isinstance(d, int) and d == -1) else -1 for d in newshape]
