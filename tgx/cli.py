@@ -1,13 +1,16 @@
 """The ``tgx`` command: environment, benchmark store and profiler.
 
+    tgx --version
     tgx env
-    tgx store stats  [--store PATH]
-    tgx store best   --graph HASH [--workload KEY] [--env ID] [--store PATH]
-    tgx store export OUT.json [--store PATH]
-    tgx profile      [--store PATH] [--pending | SCRIPT.py] [--timeout S] [--isolate]
+    tgx store list    [--store PATH] [--env ID]
+    tgx store stats   [--store PATH]
+    tgx store best    --graph HASH [--workload KEY] [--env ID] [--store PATH]
+    tgx store export  OUT [--format json|flashinfer-bench] [--store PATH]
+    tgx store recover [--store PATH]
+    tgx profile       [--store PATH] [--pending | SCRIPT.py] [--timeout S] [--isolate]
 
-Exit status: 0 success, 1 failure (message on stderr, traceback only with ``--debug``),
-2 usage error.
+Exit status: 0 success, 1 failure (message on stderr, traceback only with ``--debug``; for
+``profile``, any job that did not pass, each named with why), 2 usage error.
 """
 
 from __future__ import annotations
@@ -20,19 +23,37 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from tgx import __version__
 from tgx.errors import TgxError
 from tgx.profiling import format_seconds, profile_many, summarize
-from tgx.profiling.pending import flagged_jobs, pending_jobs
+from tgx.profiling.pending import equation_from, flagged_jobs, pending_jobs
 from tgx.profiling.runner import _env_id, _load_script
-from tgx.store import BenchmarkStore, default_store_path, format_environment, sniff_environment
+from tgx.store import (
+    BenchmarkStore,
+    StoreError,
+    default_store_path,
+    format_environment,
+    sniff_environment,
+)
+from tgx.store.flashinfer import export_flashinfer
+from tgx.store.names import graph_ops, signature, workload_name
 
 
 class CliError(TgxError):
     """A failure reported as one line on stderr, exit status 1."""
 
 
+def _store_path(path: str | None) -> str:
+    if path:
+        return os.path.abspath(path)
+    try:
+        return default_store_path()
+    except StoreError as err:  # TGX_STORE=off
+        raise CliError(f"{err} (give --store PATH)") from None
+
+
 def _open_store(path: str | None, *, create: bool = False) -> Any:
-    target = os.path.abspath(path or default_store_path())
+    target = _store_path(path)
     if not create and not os.path.exists(target):
         raise CliError(f"no benchmark store at {target} (give --store PATH or set $TGX_STORE)")
     return BenchmarkStore(target)
@@ -77,15 +98,88 @@ def _cmd_best(args: argparse.Namespace) -> int:
     return 0
 
 
+def _table(rows: list[tuple], indent: str = "  ") -> list[str]:
+    """Rows of cells as left-aligned columns (the last column is not padded)."""
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()
+            for r in rows]
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    env_id = args.env or sniff_environment()["id"]
+    with _open_store(args.store) as st:
+        ops = graph_ops(st)
+        pending = st.pending()
+        traces = st.traces()
+        by_gw: dict[tuple, list[dict]] = {}
+        for t in traces:
+            by_gw.setdefault((t["graph_hash"], t["workload"]), []).append(t)
+        flagged: dict[tuple, int] = {}
+        for r in pending:
+            flagged[(r["graph_hash"], r["workload"])] = flagged.get(
+                (r["graph_hash"], r["workload"]), 0) + 1
+        rows = [("graph", "workload", "traces", f"fastest on {env_id}", "pending")]
+        for w in sorted(st.workloads(), key=lambda w: (ops.get(w["graph_hash"], ""), w["key"])):
+            g, key = w["graph_hash"], w["key"]
+            ts = by_gw.get((g, key), [])
+            counts: dict[str, int] = {}
+            for t in ts:
+                counts[t["status"]] = counts.get(t["status"], 0) + 1
+            best = st.best(g, key, env_id)
+            rows.append((workload_name(ops.get(g, g[:8]), w), key.partition("#")[0],
+                         ", ".join(f"{s} {n}" for s, n in sorted(counts.items())) or "-",
+                         f"{best['impl'].partition('#')[0]} {format_seconds(best['median_s'])}"
+                         if best else "-", flagged.get((g, key), "")))
+        stats = st.stats()
+    n_graphs = len({g for g, _ in by_gw} | {g for g, _ in flagged} | set(ops))
+    counts = stats["counts"]
+    print(f"benchmark store {stats['path']}: " + ", ".join(_plural(n, what) for n, what in (
+        (n_graphs, "graph"), (counts["workloads"], "workload"), (len(traces), "trace"),
+        (len(pending), "pending kernel"), (counts["environments"], "environment"))))
+    if len(rows) > 1:
+        print()
+        print("\n".join(_table(rows, indent="")))
+    if pending:
+        print(f"\npending: {_plural(len(pending), 'kernel')} the fastest policy chose "
+              "unmeasured (`tgx profile --pending` measures them)")
+        print("\n".join(_table([(_pending_name(r), r["impl"].partition("#")[0], r["env_id"])
+                                for r in pending])))
+    return 0
+
+
+def _plural(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _pending_name(rec: dict) -> str:
+    """``dot_general f32[32,784]@f32[784,128]``: a pending flag's equation."""
+    eq = rec.get("equation") or {}
+    inputs = [(d[0], d[1]) for d in eq.get("inputs", ()) if not isinstance(d, dict)]
+    return signature(eq.get("primitive", rec["graph_hash"][:8]), inputs)
+
+
+def _equation_outputs(desc: dict) -> list[tuple[tuple[int, ...], str]]:
+    eqn = equation_from(desc)
+    return [(tuple(int(d) for d in v.aval.shape), v.aval.dtype.name) for v in eqn.outvars]
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     with _open_store(args.store) as st:
-        out = st.export(args.out)
-    print(f"exported {st.path} to {out}")
+        if args.format == "json":
+            out = st.export(args.out)
+            print(f"exported {st.path} to {out}")
+            return 0
+        if os.path.isfile(args.out):
+            raise CliError(f"{args.out} is a file; the flashinfer-bench layout is a directory")
+        counts = export_flashinfer(st, args.out, outputs_of=_equation_outputs)
+    print(f"exported {st.path} to {os.path.abspath(args.out)} (FlashInfer-Bench layout): "
+          + ", ".join(f"{n} {k}" for k, n in counts.items())
+          + "; the raw store beside them in tgx-store.json")
     return 0
 
 
 def _cmd_recover(args: argparse.Namespace) -> int:
-    target = os.path.abspath(args.store or default_store_path())
+    target = _store_path(args.store)
     if not os.path.exists(target):
         raise CliError(f"no benchmark store at {target} (give --store PATH or set $TGX_STORE)")
     with warnings.catch_warnings():
@@ -131,10 +225,37 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         kw: dict[str, Any] = {"isolate": args.isolate, "timeout_s": args.timeout}
         if args.budget is not None:
             kw["budget_s"] = args.budget
-        records = profile_many(jobs, store=st, progress=args.progress, **kw)
+        skipped: list[str] = []
+
+        def report(msg: str) -> None:
+            skipped.append(msg)
+            print(f"tgx profile: {msg}", file=sys.stderr)
+
+        records = profile_many(jobs, store=st, progress=args.progress, on_error=report, **kw)
         st.clear_pending(flags)  # every flag now has a trace (or was stale)
+        ops = graph_ops(st) if args.pending else {}
     print(summarize(records))
-    return 0
+    failed = [r for r in records if r["status"] != "PASSED"]
+    if not failed and not skipped:
+        return 0
+    print(f"tgx: error: {len(failed) + len(skipped)} of {len(jobs)} jobs failed:",
+          file=sys.stderr)
+    for r in failed:
+        what = r["impl"] if not ops else f"{ops.get(r['graph_hash'], '?')}: {r['impl']}"
+        print(f"  {what}: {r['status']}: {_why(r['log'])}", file=sys.stderr)
+    for msg in skipped:
+        print(f"  {msg}", file=sys.stderr)
+    return 1
+
+
+def _why(log: str | None) -> str:
+    """The first line of a trace's log that says something (a traceback's last line)."""
+    lines = [ln.strip() for ln in (log or "").splitlines() if ln.strip()]
+    if not lines:
+        return "no log"
+    if lines[0].startswith("Traceback") or lines[0] == "...":
+        lines = lines[-1:]
+    return lines[0][:200]
 
 
 class _Usage(Exception):
@@ -151,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = argparse.ArgumentParser(prog="tgx", parents=[common],
                                 description="tgx: environment, benchmark store, profiler")
+    p.add_argument("--version", action="version",
+                   version=f"tgx {__version__} (distribution tgx-trace, Python "
+                           f"{sys.version.split()[0]}, {os.path.dirname(__file__)})")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     e = sub.add_parser("env", parents=[common], help="describe this machine and its env id")
@@ -158,6 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("store", parents=[common], help="inspect the benchmark store")
     ssub = s.add_subparsers(dest="store_command", metavar="ACTION", required=True)
+    ls = ssub.add_parser("list", parents=[common, store_opt],
+                         help="graphs by name, their traces, pending work")
+    ls.add_argument("--env", metavar="ID", help="fastest on ENV (default: this machine)")
+    ls.set_defaults(func=_cmd_list)
     st = ssub.add_parser("stats", parents=[common, store_opt], help="counts per table")
     st.set_defaults(func=_cmd_stats)
     b = ssub.add_parser("best", parents=[common, store_opt], help="fastest PASSED trace")
@@ -169,8 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
     r = ssub.add_parser("recover", parents=[common, store_opt],
                         help="move a corrupt store aside and start an empty one")
     r.set_defaults(func=_cmd_recover)
-    x = ssub.add_parser("export", parents=[common, store_opt], help="copy the store to JSON")
-    x.add_argument("out", metavar="OUT.json")
+    x = ssub.add_parser("export", parents=[common, store_opt],
+                        help="copy the store to JSON, or to a FlashInfer-Bench trace set")
+    x.add_argument("out", metavar="OUT",
+                   help="a JSON file, or with --format flashinfer-bench a directory")
+    x.add_argument("--format", choices=("json", "flashinfer-bench"), default="json",
+                   help="json: the store's own file (default); flashinfer-bench: "
+                        "definitions/, solutions/, workloads/, traces/ and the raw dump")
     x.set_defaults(func=_cmd_export)
 
     pr = sub.add_parser("profile", parents=[common, store_opt],

@@ -25,6 +25,7 @@ from ..backends import get_backend
 from ..backends.registry import kernels_for
 from ..core import Literal, primitive_by_name
 from ..shapes import DTYPES, ShapedArray, concrete_shape, concretize, name_binding
+from ..store.names import signature
 from ..store.schema import implementation_key
 from ..backends.threads import one_blas_thread
 from ..tracing import GraphBuilder
@@ -72,7 +73,9 @@ def pending_jobs(store: Any, env_id: str) -> list[dict]:
                 continue
             jobs.append({"fn": req["entry"], "args": random_inputs(wl["inputs"]),
                          "golden": req.get("golden"), "graph_hash": g, "impl": impl["key"],
-                         "workload": w, "env_id": env_id})
+                         "workload": w, "env_id": env_id,
+                         "label": f"{signature(impl['name'], wl['inputs'])} "
+                                  f"on {impl['backend']}"})
     return jobs
 
 
@@ -379,6 +382,7 @@ def flagged_jobs(store: Any, env_id: str) -> tuple[list[dict], list[str]]:
         job = kernel_job(eqn, k, {})
         job.pop("host_args")
         job.update(graph_hash=rec["graph_hash"], impl=rec["impl"], workload=rec["workload"],
-                   env_id=env_id)
+                   env_id=env_id, label=f"{signature(desc['primitive'], inputs)} on "
+                                        f"{kd.get('label', k.name)}@{k.backend}")
         jobs.append(job)
     return jobs, keys

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from typing import TextIO
@@ -21,8 +22,10 @@ def progress_enabled(force: bool | None = None, stream: TextIO | None = None) ->
 
 
 class Progress:
-    """``[#####.....] 5/10  12.3s  label`` rewritten in place with ``\\r``; silent when
-    disabled (see `progress_enabled`).
+    """``[#####.....] 5/10  12.3s  eta 12s  label`` rewritten in place with ``\\r`` and cut to
+    the terminal's width; silent when disabled (see `progress_enabled`). The label is what
+    was just done (``dot_general f32[32,784]@f32[784,128] on dot_general[out]@numpy:
+    PASSED``).
 
     >>> import io
     >>> p = Progress(2, enabled=True, stream=io.StringIO())
@@ -44,9 +47,13 @@ class Progress:
             return
         frac = self.done / self.total if self.total else 1.0
         bar = "#" * int(frac * self.width)
-        text = (f"\r[{bar:.<{self.width}}] {self.done}/{self.total} "
-                f"{time.monotonic() - self.start:6.1f}s  {label}")[:120]
-        self.stream.write(text.ljust(120))
+        elapsed = time.monotonic() - self.start
+        left = self.total - self.done
+        eta = f"eta {elapsed / self.done * left:4.0f}s  " if self.done and left > 0 else ""
+        cols = shutil.get_terminal_size((120, 24)).columns - 1
+        text = (f"[{bar:.<{self.width}}] {self.done}/{self.total} {elapsed:6.1f}s  {eta}"
+                f"{label}")[:cols]
+        self.stream.write("\r" + text.ljust(cols))
         self.stream.flush()
 
     def close(self) -> None:

@@ -337,7 +337,8 @@ def _profile_record(fn: str | Callable, args: Sequence[Any], golden: Any, dtype:
 
 def normalize_job(job: Any) -> dict:
     """A job as `profile` keyword arguments: ``(fn, args)``, ``(fn, args, options)`` or a
-    dict with ``fn``, ``args`` and any `profile` options.
+    dict with ``fn``, ``args`` and any `profile` options (plus ``label``: what the progress
+    bar and error messages call it; default the function's job spec or name).
 
     >>> normalize_job(("numpy:exp", (1.0,), {"golden": np.exp}))["fn"]
     'numpy:exp'
@@ -377,7 +378,7 @@ def profile_many(jobs: Iterable[Any], *, store: Any = None, progress: bool | Non
         for job in jobs:
             kw = {**defaults, **job}
             fn, args = kw.pop("fn"), kw.pop("args")
-            label = _name_of(fn)
+            label = kw.pop("label", None) or _name_of(fn)
             fixed = {k: kw.pop(k, None) for k in _PROFILE_KEYS}
             try:
                 rec = _profile_record(fn, args, fixed["golden"], fixed["dtype"], store,

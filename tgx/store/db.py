@@ -471,6 +471,13 @@ class BenchmarkStore:
             new = [r for k, r in fresh.items() if k not in self._idx.pending]
             if new:
                 self._insert(PENDING, new)
+            # the flagged one-equation graphs, so their names and shapes outlive the flags
+            graphs = {r["graph_hash"]: schema.make_graph(r["graph_hash"], eq["primitive"],
+                                                         None, equation=eq)
+                      for r in new if (eq := r.get("equation")) and eq.get("primitive")
+                      and r["graph_hash"] not in self._idx.graphs}
+            if graphs:
+                self._insert(GRAPHS, list(graphs.values()))
             return len(new)
 
     def pending(self, env_id: str | None = None) -> list[dict]:

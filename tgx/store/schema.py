@@ -187,16 +187,22 @@ def workload_key(graph_hash: str, axes: Mapping[str, int], inputs: Iterable[Any]
 
 # --------------------------------------------------------------------------- records
 
-def make_graph(graph_hash: str, name: str, graph_bytes: bytes, created: float | None = None
+def make_graph(graph_hash: str, name: str, graph_bytes: bytes | None,
+               created: float | None = None, equation: Mapping[str, Any] | None = None
                ) -> dict:
-    """A `canonical_graphs` record; the serialized graph is stored base64-encoded.
+    """A `canonical_graphs` record; the serialized graph is stored base64-encoded. A
+    one-equation graph flagged pending is recorded without bytes but with its `equation`
+    (as in `make_pending`), so its name and shapes outlive the flag.
 
     >>> make_graph("h", "mlp", b"\\x81")["graph_b64"]
     'gQ=='
     """
-    return {"hash": _require_str(graph_hash, "graph hash"), "name": str(name),
-            "graph_b64": b64encode(graph_bytes),
-            "created": time.time() if created is None else float(created)}
+    rec = {"hash": _require_str(graph_hash, "graph hash"), "name": str(name),
+           "graph_b64": b64encode(graph_bytes),
+           "created": time.time() if created is None else float(created)}
+    if equation is not None:
+        rec["equation"] = dict(equation)
+    return rec
 
 
 def make_implementation(kind: str, name: str, backend: str, source_hash: str,
