@@ -1,5 +1,6 @@
 """Activations and the softmax family with `torch.nn.functional` names and arguments
-(`dim=`, with `axis=` as an alias), plus `dropout` with an explicit `tgx.random` key.
+(`input` first, `dim=` with `axis=` as an alias, `inplace=` accepted and ignored), plus
+`dropout` with an explicit `tgx.random` key.
 
 Each binds one composite primitive (tgx/primitives/activations.py) that decomposes into atomic
 primitives with overflow-free formulas; `softmax` and `log_softmax` wrap the binders declared
@@ -11,6 +12,8 @@ array([0., 2.], dtype=float32)
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from .. import numpy as tnp
 from .. import primitives as P
@@ -36,126 +39,152 @@ def _dim(dim, axis, default=-1):
     return default if dim is None and axis is None else (dim if dim is not None else axis)
 
 
-def relu(x):
-    """max(x, 0)."""
-    return P.relu_p.bind(_f(x))
+def relu(input, inplace: bool = False):
+    """max(x, 0). `inplace` is accepted for torch's signature and ignored: traced arrays
+    are values, so the result is always a new array."""
+    return P.relu_p.bind(_f(input))
 
 
-def relu6(x):
-    """min(max(x, 0), 6)."""
-    return hardtanh(x, 0.0, 6.0)
+def relu6(input, inplace: bool = False):
+    """min(max(x, 0), 6). `inplace` is ignored (see `relu`)."""
+    return hardtanh(input, 0.0, 6.0)
 
 
-def leaky_relu(x, negative_slope: float = 0.01):
-    """x for x >= 0, negative_slope * x otherwise."""
-    return P.leaky_relu_p.bind(_f(x), negative_slope=float(negative_slope))
+def leaky_relu(input, negative_slope: float = 0.01, inplace: bool = False):
+    """x for x >= 0, negative_slope * x otherwise. `inplace` is ignored (see `relu`)."""
+    return P.leaky_relu_p.bind(_f(input), negative_slope=float(negative_slope))
 
 
-def elu(x, alpha: float = 1.0):
-    """x for x > 0, alpha * (exp(x) - 1) otherwise."""
-    return P.elu_p.bind(_f(x), alpha=float(alpha))
+def elu(input, alpha: float = 1.0, inplace: bool = False):
+    """x for x > 0, alpha * (exp(x) - 1) otherwise. `inplace` is ignored (see `relu`)."""
+    return P.elu_p.bind(_f(input), alpha=float(alpha))
 
 
-def selu(x):
-    """scale * elu(x, alpha) with the self-normalising constants."""
-    return P.selu_p.bind(_f(x))
+def selu(input, inplace: bool = False):
+    """scale * elu(x, alpha) with the self-normalising constants. `inplace` is ignored (see
+    `relu`)."""
+    return P.selu_p.bind(_f(input))
 
 
-def celu(x, alpha: float = 1.0):
-    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
-    return P.celu_p.bind(_f(x), alpha=float(alpha))
+def celu(input, alpha: float = 1.0, inplace: bool = False):
+    """max(0, x) + min(0, alpha * (exp(x / alpha) - 1)). `inplace` is ignored (see `relu`)."""
+    return P.celu_p.bind(_f(input), alpha=float(alpha))
 
 
-def gelu(x, approximate: str = "none"):
+def gelu(input, approximate: str = "none"):
     """x * Phi(x) (exact, erf) or the tanh approximation (`approximate="tanh"`)."""
     if approximate not in ("none", "tanh"):
         raise OptionError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return P.gelu_p.bind(_f(x), approximate=approximate)
+    return P.gelu_p.bind(_f(input), approximate=approximate)
 
 
-def sigmoid(x):
+def sigmoid(input):
     """1 / (1 + exp(-x)), overflow-free."""
-    return P.sigmoid_p.bind(_f(x))
+    return P.sigmoid_p.bind(_f(input))
 
 
-def logsigmoid(x):
+def logsigmoid(input):
     """log(sigmoid(x)) = -softplus(-x)."""
-    return tnp.negative(softplus(tnp.negative(_f(x))))
+    return tnp.negative(softplus(tnp.negative(_f(input))))
 
 
-def tanh(x):
+def tanh(input):
     """Hyperbolic tangent (same as tnp.tanh)."""
-    return tnp.tanh(x)
+    return tnp.tanh(input)
 
 
-def silu(x):
-    """x * sigmoid(x)."""
-    return P.silu_p.bind(_f(x))
+def silu(input, inplace: bool = False):
+    """x * sigmoid(x). `inplace` is ignored (see `relu`)."""
+    return P.silu_p.bind(_f(input))
 
 
 swish = silu
 
 
-def softplus(x, beta: float = 1.0, threshold: float = 20.0):
+def softplus(input, beta: float = 1.0, threshold: float = 20.0):
     """log(1 + exp(beta x)) / beta, and x where beta x > threshold (torch)."""
-    return P.softplus_p.bind(_f(x), beta=float(beta), threshold=float(threshold))
+    return P.softplus_p.bind(_f(input), beta=float(beta), threshold=float(threshold))
 
 
-def mish(x):
-    """x * tanh(softplus(x))."""
-    x = _f(x)
+def mish(input, inplace: bool = False):
+    """x * tanh(softplus(x)). `inplace` is ignored (see `relu`)."""
+    x = _f(input)
     return tnp.multiply(x, tnp.tanh(softplus(x)))
 
 
-def hardtanh(x, min_val: float = -1.0, max_val: float = 1.0):
-    """clip(x, min_val, max_val)."""
-    return P.hardtanh_p.bind(_f(x), min_val=float(min_val), max_val=float(max_val))
+def hardtanh(input, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False):
+    """clip(x, min_val, max_val). `inplace` is ignored (see `relu`)."""
+    return P.hardtanh_p.bind(_f(input), min_val=float(min_val), max_val=float(max_val))
 
 
-def hardswish(x):
-    """x * relu6(x + 3) / 6."""
-    return P.hardswish_p.bind(_f(x))
+def hardswish(input, inplace: bool = False):
+    """x * relu6(x + 3) / 6. `inplace` is ignored (see `relu`)."""
+    return P.hardswish_p.bind(_f(input))
 
 
-def hardsigmoid(x):
-    """relu6(x + 3) / 6."""
-    return tnp.divide(relu6(tnp.add(_f(x), 3)), 6)
+def hardsigmoid(input, inplace: bool = False):
+    """relu6(x + 3) / 6. `inplace` is ignored (see `relu`)."""
+    return tnp.divide(relu6(tnp.add(_f(input), 3)), 6)
 
 
-def softmax(x, dim: int | None = None, *, axis: int | None = None):
-    """exp(x) / sum(exp(x)) along `dim` (default -1), max-subtracted.
+def _softmax_input(input, dtype):
+    # torch: "the input is cast to dtype before the operation" (for float16 inputs, say)
+    return _f(input if dtype is None else tnp.astype(input, dtype))
+
+
+def softmax(input, dim: int | None = None, _stacklevel: int = 3, dtype=None, *,
+            axis: int | None = None):
+    """exp(x) / sum(exp(x)) along `dim` (default -1), max-subtracted. `dtype`: cast the
+    input to it first, as torch (`softmax(x_f16, -1, dtype=torch.float32)`); `_stacklevel`
+    is torch's and ignored.
 
     >>> import numpy as np
     >>> softmax(np.array([1e4, 0.0], np.float32))
     array([1., 0.], dtype=float32)
     """
-    return A.softmax(_f(x), _dim(dim, axis))
+    return A.softmax(_softmax_input(input, dtype), _dim(dim, axis))
 
 
-def log_softmax(x, dim: int | None = None, *, axis: int | None = None):
-    """x - logsumexp(x) along `dim` (default -1)."""
-    return A.log_softmax(_f(x), _dim(dim, axis))
+def log_softmax(input, dim: int | None = None, _stacklevel: int = 3, dtype=None, *,
+                axis: int | None = None):
+    """x - logsumexp(x) along `dim` (default -1); `dtype` as in `softmax`."""
+    return A.log_softmax(_softmax_input(input, dtype), _dim(dim, axis))
 
 
-def logsumexp(x, dim=None, keepdim: bool = False, *, axis=None, keepdims: bool | None = None):
+def logsumexp(input, dim=None, keepdim: bool = False, *, axis=None,
+              keepdims: bool | None = None):
     """log(sum(exp(x))) over `dim` (an int or tuple; all axes when None), overflow-free."""
-    x = _f(x)
+    x = _f(input)
     axes = canonicalize_axes(_dim(dim, axis, None), tnp.ndim(x), "logsumexp")
     keep = keepdim if keepdims is None else keepdims
     return P.logsumexp_p.bind(x, axes=axes, keepdims=bool(keep))
 
 
-def dropout(x, p: float = 0.5, key=None, training: bool = True):
+def dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False, *, key=None):
     """Zero each element with probability `p` and scale the rest by 1 / (1 - p); the identity
-    when not training. `key` is a `tgx.random` key (required when training with p > 0)."""
+    when not training. torch's argument order; the randomness comes from `key=`, a
+    `tgx.random` key (required when training with 0 < p < 1). `inplace` is ignored (see
+    `relu`). (A key passed third, tgx's earlier order, is still taken as the key.)
+
+    >>> import numpy as np, tgx
+    >>> dropout(np.ones(4, np.float32), 0.5, training=False)
+    array([1., 1., 1., 1.], dtype=float32)
+    """
+    if not isinstance(training, (bool, int, np.bool_)):  # dropout(x, p, key)
+        if key is not None:
+            raise OptionError("dropout: the third argument is `training` (a bool); pass the "
+                              "random key as key=")
+        key, training = training, True
+    if not 0.0 <= p <= 1.0:
+        raise OptionError(f"dropout probability has to be between 0 and 1, but got {p}")
     if not training or p == 0:
-        return x
-    if p >= 1:
-        return tnp.zeros_like(x)
+        return input
+    if p == 1:
+        return tnp.zeros_like(input)
     if key is None:
         raise OptionError("dropout needs a tgx.random key when training (key=tgx.random.key(0))")
-    keep = random.bernoulli(key, 1.0 - p, tnp.shape(x))
-    return tnp.where(keep, tnp.divide(x, 1.0 - p), tnp.zeros_like(x))
+    keep = random.bernoulli(key, 1.0 - p, tnp.shape(input))
+    return tnp.where(keep, tnp.divide(input, 1.0 - p), tnp.zeros_like(input))
 
 
 def one_hot(x, num_classes: int, dtype=tnp.int64):

@@ -11,9 +11,7 @@ use them too) and are re-exported here; the modules of this package add the rest
 dtype('float32')
 """
 
-from __future__ import annotations
-
-import numpy as np
+import numpy as _np
 
 from ..primitives.ops import (
     add,
@@ -64,7 +62,6 @@ from ..primitives.ops import (
     ones,
     ones_like,
     ravel,
-    reshape,
     right_shift_logical,
     shape,
     sin,
@@ -122,31 +119,64 @@ from .composite import (
     tanh,
     var,
 )
-from .creation import arange, array, eye, tril, triu
-from .elementwise import around, floor_divide, positive, power, round
-from .linalg import dot, einsum, outer, vdot
-from .movement import array_split, chunk, hstack, pad, repeat, roll, row_stack, split, tile, vstack
-from .reductions import all, amax, amin, any, prod
+from .creation import arange, array, diag, eye, linspace, tril, triu
+from .elementwise import (
+    around,
+    exp2,
+    floor_divide,
+    isfinite,
+    isinf,
+    isnan,
+    log2,
+    log10,
+    positive,
+    power,
+    round,
+)
+from .indexing import take_along_axis
+from .linalg import dot, einsum, outer, tensordot, vdot
+from .movement import (
+    array_split,
+    chunk,
+    hstack,
+    pad,
+    repeat,
+    reshape,
+    roll,
+    row_stack,
+    split,
+    tile,
+    vstack,
+)
+from .reductions import all, amax, amin, any, cumprod, prod
+from .sorting import argsort, sort
 
-pi, e, inf, nan = np.pi, np.e, np.inf, np.nan
-ndarray = np.ndarray
+pi, e, inf, nan = _np.pi, _np.e, _np.inf, _np.nan
+newaxis = None
+ndarray = _np.ndarray
 
 __all__ = [
     "abs", "absolute", "acos", "acosh", "add", "all", "amax", "amin", "any", "arange", "arccos",
-    "arccosh", "arcsin", "arcsinh", "arctan", "arctan2", "arctanh", "argmax", "argmin",
+    "arccosh", "arcsin", "arcsinh", "arctan", "arctan2", "arctanh", "argmax", "argmin", "argsort",
     "around", "array", "array_split", "asarray", "asin", "asinh", "astype", "atan2", "atanh",
     "bfloat16", "bitwise_and", "bitwise_not", "bitwise_or", "bitwise_xor", "bool_",
     "broadcast_arrays", "broadcast_to", "ceil", "chunk", "clip", "concatenate", "cos", "cosh",
-    "cumsum", "divide", "dot", "e", "einsum", "equal", "erf", "erfinv", "exp", "expand_dims",
-    "expm1", "eye", "flip", "float16", "float32", "float64", "floor", "floor_divide", "full",
-    "full_like", "greater", "greater_equal", "hstack", "index_axis", "inf", "int32", "int64",
-    "invert", "iota", "left_shift", "less", "less_equal", "log", "log1p", "logaddexp",
-    "logical_and", "logical_not", "logical_or", "logical_xor", "matmul", "max", "maximum",
-    "mean", "min", "minimum", "mod", "moveaxis", "multiply", "nan", "ndarray", "ndim",
-    "negative", "not_equal", "ones", "ones_like", "outer", "pad", "pi", "positive", "power",
-    "prod", "ravel", "reciprocal", "remainder", "repeat", "reshape", "right_shift_logical",
-    "roll", "round", "row_stack", "rsqrt", "shape", "sign", "sin", "sinh", "slice_axis",
-    "split", "sqrt", "square", "squeeze", "stack", "std", "subtract", "sum", "swapaxes", "take",
-    "tan", "tanh", "tile", "transpose", "tri", "tril", "triu", "true_divide", "uint32", "var",
-    "vdot", "vstack", "where", "zeros", "zeros_like",
+    "cumprod", "cumsum", "diag", "divide", "dot", "e", "einsum", "equal", "erf", "erfinv", "exp",
+    "exp2", "expand_dims", "expm1", "eye", "flip", "float16", "float32", "float64", "floor",
+    "floor_divide", "full", "full_like", "greater", "greater_equal", "hstack", "index_axis", "inf",
+    "int32", "int64", "invert", "iota", "isfinite", "isinf", "isnan", "left_shift", "less",
+    "less_equal", "linspace", "log", "log10", "log1p", "log2", "logaddexp", "logical_and",
+    "logical_not", "logical_or", "logical_xor", "matmul", "max", "maximum", "mean", "min",
+    "minimum", "mod", "moveaxis", "multiply", "nan", "ndarray", "ndim", "negative", "newaxis",
+    "not_equal", "ones", "ones_like", "outer", "pad", "pi", "positive", "power", "prod", "ravel",
+    "reciprocal", "remainder", "repeat", "reshape", "right_shift_logical", "roll", "round",
+    "row_stack", "rsqrt", "shape", "sign", "sin", "sinh", "slice_axis", "sort", "split", "sqrt",
+    "square", "squeeze", "stack", "std", "subtract", "sum", "swapaxes", "take", "take_along_axis",
+    "tan", "tanh", "tensordot", "tile", "transpose", "tri", "tril", "triu", "true_divide",
+    "uint32", "var", "vdot", "vstack", "where", "zeros", "zeros_like",
 ]
+
+
+def __dir__():
+    # the public names only: not the submodules (tgx.numpy.composite, ...) or helpers
+    return sorted(__all__)

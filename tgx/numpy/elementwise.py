@@ -3,19 +3,31 @@ binders are in `tgx.primitives.ops`; composites in `composite.py`)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import primitives as P
+from ..primitives.math import absolute
 from ..primitives.ops import (
+    _as_operand,
     _aval,
     _cast,
     _float_args,
     _is_array,
     _promoted,
     _unary_float,
+    astype,
     divide,
+    equal,
+    full,
+    log,
+    logical_or,
     multiply,
+    less,
+    not_equal,
     ones_like,
+    upcast_half,
 )
-from ..shapes import is_float, is_int
+from ..shapes import bool_, is_float, is_int
 
 
 def floor_divide(x, y):
@@ -62,3 +74,62 @@ def round(x, decimals: int = 0):  # noqa: A001 - NumPy's name
 
 
 around = round
+
+
+# ---------------------------------------------------------------------------------------------
+# Floating-point classes: integers and bools are never NaN or infinite
+
+
+def isnan(x):
+    """True where `x` is NaN (`x != x`).
+
+    >>> isnan(np.array([1.0, np.nan], np.float32))
+    array([False,  True])
+    """
+    x = _as_operand(x)
+    if not is_float(_aval(x).dtype):
+        return full(_aval(x).shape, False, bool_)
+    return not_equal(x, x)
+
+
+def isinf(x):
+    """True where `x` is +inf or -inf."""
+    x = _as_operand(x)
+    if not is_float(_aval(x).dtype):
+        return full(_aval(x).shape, False, bool_)
+    return logical_or(equal(x, np.inf), equal(x, -np.inf))
+
+
+def isfinite(x):
+    """True where `x` is neither NaN nor infinite: `|x| < inf` (false for NaN)."""
+    x = _as_operand(x)
+    if not is_float(_aval(x).dtype):
+        return full(_aval(x).shape, True, bool_)
+    return less(absolute(x), np.inf)
+
+
+# ---------------------------------------------------------------------------------------------
+# Logarithms and powers of other bases (as jax.numpy: one natural log or power, then a scale)
+
+
+def _in_float(fn, x):
+    """`fn(x)` with `x` floating; half precision is computed in float32 and rounded once, as
+    NumPy's half kernels do."""
+    (x,) = _float_args(_as_operand(x))
+    dtype = _aval(x).dtype
+    return astype(fn(upcast_half(x)), dtype)
+
+
+def log2(x):
+    """Base-2 logarithm: log(x) / log(2)."""
+    return _in_float(lambda v: divide(log(v), np.log(2.0)), x)
+
+
+def log10(x):
+    """Base-10 logarithm: log(x) / log(10)."""
+    return _in_float(lambda v: divide(log(v), np.log(10.0)), x)
+
+
+def exp2(x):
+    """2 ** x (the atomic `pow`, exact at integer x)."""
+    return _in_float(lambda v: P.pow_p.bind(_cast(2, _aval(v).dtype), v), x)

@@ -8,7 +8,7 @@ import builtins
 import numpy as np
 
 from .. import primitives as P
-from ..errors import IndexingError, TracerControlFlowError, Unsupported
+from ..errors import IndexingError, ShapeError, TracerControlFlowError, Unsupported
 from ..primitives.ops import (
     _as_operand,
     _aval,
@@ -23,7 +23,16 @@ from ..primitives.ops import (
     multiply,
     reshape,
 )
-from ..shapes import as_dim, broadcast_shapes, dim_ge, dim_str, int64, is_int, shape_str
+from ..shapes import (
+    as_dim,
+    broadcast_shapes,
+    canonicalize_axis,
+    dim_ge,
+    dim_str,
+    int64,
+    is_int,
+    shape_str,
+)
 from ..tracing import Tracer
 
 
@@ -177,3 +186,45 @@ def _advanced_getitem(x, key):
     merged = a.shape[:adv[0]] + (_prod_dims(sizes),) + a.shape[adv[-1] + 1:]
     x = reshape(x, merged)
     return P.gather_p.bind(x, lin, axis=adv[0])
+
+
+def take_along_axis(arr, indices, axis=-1):
+    """`arr`'s elements at integer `indices` along `axis`, as NumPy: `indices` has `arr`'s rank
+    and the other axes broadcast (`axis=None`: `arr` flattened, `indices` 1-D); negative
+    indices count from the end. One `gather` from the flattened array at linear indices.
+
+    >>> take_along_axis(np.array([[10, 30, 20]]), np.array([[0, 2, 1]]), axis=1)
+    array([[10, 20, 30]])
+    """
+    if axis is None:
+        arr = reshape(arr, (-1,))
+        axis = 0
+    a = _aval(arr)
+    idx = asarray(indices)
+    ia = _aval(idx)
+    if not is_int(ia.dtype):
+        raise IndexingError(f"take_along_axis: indices must be integers, got {ia.str_short()}")
+    if ia.ndim != a.ndim:
+        raise ShapeError(f"take_along_axis: indices {ia.str_short()} and array {a.str_short()} "
+                         f"must have the same rank")
+    axis = canonicalize_axis(axis, a.ndim, "take_along_axis")
+    arr, idx = _as_operand(arr), astype(_as_operand(idx), int64)
+    idx = _normalize_index(idx, a.shape[axis])
+    if a.ndim == 1:
+        return P.gather_p.bind(arr, idx, axis=0)
+    out_shape = list(broadcast_shapes(
+        tuple(1 if i == axis else d for i, d in enumerate(a.shape)),
+        tuple(1 if i == axis else d for i, d in enumerate(ia.shape)), op="take_along_axis"))
+    src_shape = tuple(out_shape[:axis]) + (a.shape[axis],) + tuple(out_shape[axis + 1:])
+    out_shape[axis] = ia.shape[axis]
+    out_shape = tuple(out_shape)
+    arr = broadcast_to(arr, src_shape)
+    idx = broadcast_to(idx, out_shape)
+    linear, stride = None, 1
+    for k in reversed(range(a.ndim)):
+        coord = idx if k == axis else P.iota_p.bind(dtype=int64, shape=out_shape, dimension=k)
+        term = coord if type(stride) is int and stride == 1 else multiply(
+            coord, _cast(_shape_value(stride, int64), int64))
+        linear = term if linear is None else add(linear, term)
+        stride = _prod_dims([stride, src_shape[k]])
+    return P.gather_p.bind(reshape(arr, (-1,)), linear, axis=0)

@@ -1,9 +1,11 @@
 """Products of `tgx.numpy` over `dot_general` beyond `matmul` (in `tgx.primitives.ops`):
-dot, vdot, outer, einsum."""
+dot, tensordot, vdot, outer, einsum."""
 
 from __future__ import annotations
 
 import string
+
+import numpy as np
 
 from .. import primitives as P
 from ..errors import ShapeError, Unsupported
@@ -18,7 +20,7 @@ from ..primitives.ops import (
     sum,
     transpose,
 )
-from ..shapes import promote, shape_str
+from ..shapes import canonicalize_axis, promote, shape_str
 
 
 def dot(a, b):
@@ -30,6 +32,38 @@ def dot(a, b):
         return multiply(a, b)
     rc = 0 if nb == 1 else nb - 2
     return P.dot_general_p.bind(a, b, dimension_numbers=(((na - 1,), (rc,)), ((), ())))
+
+
+def tensordot(a, b, axes=2):
+    """Sum of products over `axes`: an int N (the last N axes of `a` with the first N of
+    `b`) or a pair of axis sequences; the result has `a`'s free axes, then `b`'s. One
+    `dot_general`.
+
+    >>> tensordot(np.ones((2, 3, 4), np.float32), np.ones((3, 4, 5), np.float32)).shape
+    (2, 5)
+    """
+    (a, b), _, _ = _promoted(a, b)
+    a, b = _as_operand(a), _as_operand(b)
+    na, nb = _aval(a).ndim, _aval(b).ndim
+    if isinstance(axes, (int, np.integer)):
+        n = int(axes)
+        if not 0 <= n <= min(na, nb):
+            raise ShapeError(f"tensordot: axes={n} for operands of rank {na} and {nb}")
+        ca, cb = tuple(range(na - n, na)), tuple(range(n))
+    else:
+        try:
+            ca, cb = axes
+        except (TypeError, ValueError):
+            raise ShapeError(f"tensordot: axes must be an int or a pair of axis sequences, "
+                             f"got {axes!r}") from None
+        ca = (ca,) if isinstance(ca, (int, np.integer)) else tuple(ca)
+        cb = (cb,) if isinstance(cb, (int, np.integer)) else tuple(cb)
+        if len(ca) != len(cb):
+            raise ShapeError(f"tensordot: axes {axes!r} pair {len(ca)} axes of a with "
+                             f"{len(cb)} of b")
+        ca = tuple(canonicalize_axis(int(i), na, "tensordot") for i in ca)
+        cb = tuple(canonicalize_axis(int(i), nb, "tensordot") for i in cb)
+    return P.dot_general_p.bind(a, b, dimension_numbers=((ca, cb), ((), ())))
 
 
 def vdot(a, b):

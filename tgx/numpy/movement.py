@@ -9,7 +9,8 @@ import numpy as np
 
 from .. import primitives as P
 from ..errors import ShapeError, TracerControlFlowError, Unsupported
-from ..primitives.ops import _as_operand, _aval, concatenate, ravel, reshape, slice_axis
+from ..primitives.ops import _as_operand, _aval, concatenate, ravel, slice_axis
+from ..primitives.ops import reshape as _reshape
 from ..shapes import as_dim, canonicalize_axis, dim_div, dim_ge, dim_str, shape_str
 from ..tracing import Tracer
 
@@ -148,3 +149,19 @@ def hstack(arrays):
 
 
 row_stack = vstack
+
+
+def reshape(a, shape=None, order="C", *, newshape=None, copy=None):
+    """Reshape, as NumPy 2: `reshape(x, (2, -1))`, `reshape(x, shape=(2, -1))` (or the older
+    `newshape=`); one dim may be -1 and dims may be symbolic. `copy` is accepted and ignored:
+    traced arrays are values, never views that a write could reach.
+
+    >>> reshape(np.arange(6), shape=(2, -1)).shape
+    (2, 3)
+    """
+    if shape is not None and newshape is not None:
+        raise ShapeError("reshape: pass shape= or newshape=, not both")
+    shape = newshape if shape is None else shape
+    if shape is None:
+        raise ShapeError("reshape: missing the new shape (shape=)")
+    return _reshape(a, shape, order)
