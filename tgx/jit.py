@@ -28,9 +28,12 @@ from .pipeline import plan_graph
 from .plan import Plan
 from .precision import check_precision
 from .planning.options import PlanOptions
-from .shapes import ShapedArray, Spec, aval_of, shape_str, shapes_provably_equal
+from .shapes import ShapedArray, Spec, shape_str, shapes_provably_equal
 from .tracing import (
+    arg_aval,
     leaf_names,
+    leaf_paths,
+    positional_names,
     trace_to_graph,
     tree_flatten,
     tree_structure_str,
@@ -130,11 +133,13 @@ class Compiled:
             owner = self._params[i] if i < len(self._params) else f"args[{i}]"
             owners += [owner] * len(sub)
             structure[owner] = td
-        for k, v in kwargs.items():
-            sub, td = tree_flatten(v)
+        # keyword arguments flatten in sorted key order, whatever the call's order
+        for k in tree.children[1].aux or ():
+            sub, td = tree_flatten(kwargs[k])
             owners += [k] * len(sub)
             structure[k] = td
-        names = leaf_names(tree, len(leaves))
+        names = leaf_names(tree, len(leaves),
+                           arg_names=positional_names(self.fn, len(args)))
         avals = [self._aval(x, owner, name) for x, owner, name in zip(leaves, owners, names)]
         self._weight_leaves[tree] = tuple(i for i, o in enumerate(owners) if o in self.weights)
         if self.state:
@@ -148,7 +153,7 @@ class Compiled:
         return leaves, tree, tuple(avals), names
 
     def _aval(self, x, owner: str, name: str) -> ShapedArray:
-        a = x if isinstance(x, ShapedArray) else aval_of(x)
+        a = x if isinstance(x, ShapedArray) else arg_aval(x, name)
         dyn = self.dynamic.get(owner)
         if not dyn:
             return a
@@ -289,14 +294,6 @@ _HOST_TYPES = {np.ndarray, np.generic, int, float, bool} | {
     t for t in np.sctypeDict.values() if isinstance(t, type)}
 
 
-def _leaf_paths(td, path: str) -> list[str]:
-    if td.node_type is None:
-        return [path]
-    t = td.node_type[0]
-    return [p for i, c in enumerate(td.children)
-            for p in _leaf_paths(c, f"{path}[{td.aux[i]!r}]" if t is dict else f"{path}[{i}]")]
-
-
 def _same_tree(a, b) -> bool:
     if (a.node_type is None) != (b.node_type is None):
         return False
@@ -333,7 +330,7 @@ def _state_pairs(graph: Graph, info: tuple, fname: str) -> tuple:
             raise TgxError(f"{fname}: the new state of {name} has structure "
                            f"{tree_structure_str(got_td)}, but {name} is "
                            f"{tree_structure_str(td)}")
-        for path, i, j in zip(_leaf_paths(td, name), leaves, got):
+        for path, i, j in zip(leaf_paths(td, name), leaves, got):
             want, have = graph.invars[i].aval, graph.outvars[j].aval
             if want.dtype != have.dtype:
                 raise DTypeError(f"{fname}: the new state {path} is {have.str_short()}, but the "

@@ -501,7 +501,7 @@ def _with_location(msg: str, prim: Primitive, atoms, info) -> str:
 # make_graph
 
 
-def _arg_aval(x: Any, path: str) -> ShapedArray:
+def arg_aval(x: Any, path: str) -> ShapedArray:
     if isinstance(x, Tracer):
         return x.aval
     try:
@@ -538,7 +538,7 @@ def abstractify(args: tuple, kwargs: dict, arg_names: Sequence[str] | None = Non
     positional parameters' names) name a bad leaf in the error (`params['layers'][3]['w']`)."""
     leaves, tree = tree_flatten((args, kwargs))
     names = leaf_names(tree, len(leaves), arg_names=arg_names)
-    avals = [_arg_aval(x, name) for x, name in zip(leaves, names)]
+    avals = [arg_aval(x, name) for x, name in zip(leaves, names)]
     return tree_unflatten(tree, avals)
 
 

@@ -97,3 +97,18 @@ def test_a_traced_axis_says_to_mark_it_static():
     with pytest.raises(tgx.TracerControlFlowError,
                        match=r"axis must be a Python int.*static_argnames.*test_call_semantics"):
         g(np.ones((2, 3)), 1)
+
+
+def test_keyword_arguments_in_any_order_keep_their_options():
+    f = tgx.compile(lambda a, b: (a * 2.0, b + 1.0), dynamic={"a": {0: "N"}},
+                    policy="heuristic", backends=["numpy"])
+    plan = f.lower(b=np.ones(5, np.float32), a=np.ones(3, np.float32))
+    assert [str(v) for v in plan.graph.in_avals] == ["f32[N]", "f32[5]"]
+
+
+def test_errors_name_arguments_by_parameter_and_key_path():
+    f = tgx.compile(lambda params, x: x @ params["layers"][1]["w"], policy="heuristic",
+                    backends=["numpy"])
+    params = {"layers": [{"w": np.ones((3, 3))}, {"w": "oops"}]}
+    with pytest.raises(tgx.DTypeError, match=r"params\['layers'\]\[1\]\['w'\]"):
+        f(params, np.ones(3))

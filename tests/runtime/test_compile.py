@@ -97,11 +97,11 @@ def test_wrong_shape_and_dtype_name_the_argument(rng):
     plan = tgx.compile(lambda x, y: x + y, backends=["numpy"]).lower(
         tgx.Spec(("N", 3), "float32"), tgx.Spec(("N", 3), "float32"))
     a = np.zeros((4, 3), np.float32)
-    with pytest.raises(BindingError, match=r"args\[1\].*expected.*\(4, 3\).*got.*\(4, 2\)"):
+    with pytest.raises(BindingError, match=r"y.*expected.*\(4, 3\).*got.*\(4, 2\)"):
         plan.run(a, np.zeros((4, 2), np.float32))
-    with pytest.raises(DTypeError, match=r"args\[0\].*float32.*got float64"):
+    with pytest.raises(DTypeError, match=r"x.*float32.*got float64"):
         plan.run(np.zeros((4, 3)), a)
-    with pytest.raises(BindingError, match="args"):
+    with pytest.raises(BindingError, match="argument x"):
         plan.run(np.zeros(3, np.float32), a)
 
 
