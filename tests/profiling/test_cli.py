@@ -258,3 +258,24 @@ def test_store_commands_under_tgx_store_off(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "turned off" in err and "--store PATH" in err and "Traceback" not in err
     assert not os.path.exists("off")
+
+
+def test_every_command_and_option_is_in_the_docs_table():
+    from tgx.cli import build_parser
+
+    doc = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "profiling.md").read_text()
+    table = doc.split("## The `tgx` command", 1)[1].split("\n\n`--store`", 1)[0]
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    for name, cmd in sub.choices.items():
+        inner = [a for a in cmd._actions if a.dest == "store_command"]
+        actions = inner[0].choices.items() if inner else [("", cmd)]
+        for action, p in actions:
+            words = f"`tgx {name} {action}".rstrip()
+            assert words in table, words
+            for opt in p._actions:
+                flags = [f for f in opt.option_strings if f.startswith("--")
+                         and f not in ("--help", "--debug", "--no-progress", "--progress")]
+                for flag in flags:
+                    assert flag in table or flag in doc, (words, flag)
+    assert "`tgx --version`" in table
