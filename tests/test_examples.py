@@ -14,6 +14,7 @@ EXAMPLES = sorted((pathlib.Path(__file__).resolve().parents[1] / "examples").glo
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_example_runs(path, monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(sys, "argv", [str(path)])
+    monkeypatch.syspath_prepend(str(path.parent))  # as `python examples/NAME.py` has it
     monkeypatch.setenv("TGX_STORE", str(tmp_path / "store.json"))
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(path), run_name="__main__")

@@ -74,17 +74,7 @@ def _in_repository(target: pathlib.Path) -> bool:
     return target in FILES
 
 
-#: broken links on pages outside this test's change, each with its fix; strict: once fixed,
-#: the entry must go
-KNOWN = {
-    "lowering.md": "docs/lowering.md:474 links architecture.md#adding-a-backend; the heading "
-                   "is '### A backend — 1 module': #a-backend--1-module",
-}
-
-
-@pytest.mark.parametrize("page", [
-    pytest.param(p, marks=pytest.mark.xfail(reason=KNOWN[p.name], strict=True))
-    if p.name in KNOWN else p for p in PAGES], ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_relative_links_resolve(page):
     bad = _bad_links(page)
     assert not bad, f"{page.name}:\n  " + "\n  ".join(bad)
