@@ -19,6 +19,7 @@ DEFERRED = {
     "safetensors": "only `tgx.io` reads and writes weights; its torch part needs torch",
     "threadpoolctl": "inspects every loaded BLAS library when imported",
     "numba": "optional and heavy (LLVM): imported when a generated kernel first compiles",
+    "scipy": "0.15 s of `import tgx`: only NumPy references of a few ops (erf, expit) use it",
 }
 
 

@@ -9,13 +9,12 @@ tanh through expm1(-2|x|), and the softmax family subtracts the maximum first. `
 from __future__ import annotations
 
 import numpy as np
-import scipy.special
 
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import ShapedArray, canonicalize_axis, is_float
 from . import ops
-from .elementwise import _lowp
+from .elementwise import _lowp, special
 from .math import abs_p, composite_unop, expm1_p, log1p_p, tanh_p
 
 
@@ -93,7 +92,7 @@ _GELU_C = float(np.sqrt(2.0 / np.pi))
 def _gelu_ref(x, *, approximate):
     if approximate == "tanh":
         return 0.5 * x * (1 + np.tanh(_GELU_C * (x + 0.044715 * x ** 3)))
-    return 0.5 * x * (1 + scipy.special.erf(x / np.sqrt(2.0)))
+    return 0.5 * x * (1 + special().erf(x / np.sqrt(2.0)))
 
 
 gelu_p = _act("gelu", _gelu_ref)
@@ -111,7 +110,7 @@ def _gelu_decomp(x, *, approximate):
 
 
 def _sigmoid_ref(x):
-    return scipy.special.expit(x)
+    return special().expit(x)
 
 
 sigmoid_p = _act("sigmoid", _sigmoid_ref)
@@ -129,7 +128,7 @@ def _sigmoid_decomp(x):
     return _sigmoid(x)
 
 
-silu_p = _act("silu", lambda x: x * scipy.special.expit(x))
+silu_p = _act("silu", lambda x: x * special().expit(x))
 
 
 @silu_p.def_decomposition
@@ -315,7 +314,7 @@ def _logsumexp_shape(x: ShapedArray, *, axes: tuple, keepdims: bool) -> ShapedAr
 
 
 def _logsumexp_ref(x, *, axes, keepdims):
-    return np.asarray(scipy.special.logsumexp(x, axis=axes, keepdims=keepdims))
+    return np.asarray(special().logsumexp(x, axis=axes, keepdims=keepdims))
 
 
 logsumexp_p.def_impl(_lowp(_logsumexp_ref))

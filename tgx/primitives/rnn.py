@@ -6,14 +6,13 @@ stacked in torch's order (LSTM: i, f, g, o; GRU: r, z, n). `x` is (B, I) or unba
 from __future__ import annotations
 
 import numpy as np
-import scipy.special
 
 from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import ShapedArray, as_dim, dim_eq, is_float
 from . import ops
 from .activations import relu_p, sigmoid_p
-from .elementwise import _lowp
+from .elementwise import _lowp, special
 from .linalg import dot_general_p
 from .math import tanh_p
 from .movement import slice_p
@@ -41,7 +40,7 @@ def _check(name, x, h, w_ih, w_hh, b_ih, b_hh):
 
 
 def _np_sigmoid(x):
-    return scipy.special.expit(x)
+    return special().expit(x)
 
 
 def _np_linear(x, w, b):
