@@ -1,20 +1,29 @@
-"""Benchmark of the benchmark store: insert throughput, open time and `best()` latency.
+"""Benchmark of the benchmark store, per engine: insert rate (batched and one trace per
+write), open time, and the planner's cached queries (`best()`, the nearest-workload list
+`workloads_for()`), at each store size.
 
-Run standalone:  python bench/bench_store.py [--traces 100000] [--batch 5000]
+Run standalone:  python bench/bench_store.py [--engines tinydb,sqlite,postgresql]
+                 [--sizes 10000,100000] [--batch 5000] [--pg-url URL]
+
+PostgreSQL: `--pg-url` names an empty database; without it a throw-away server is started
+from the local PostgreSQL binaries (tests/store/pgserver.py), fsync on, as a real server
+runs (skipped when there are none).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from tgx.store import BenchmarkStore
+from tgx.store import BenchmarkStore  # noqa: E402
 
 
 def populate(store: BenchmarkStore, n_traces: int, batch: int, rng: random.Random
@@ -34,57 +43,126 @@ def populate(store: BenchmarkStore, n_traces: int, batch: int, rng: random.Rando
     t0 = time.perf_counter()
     done = 0
     while done < n_traces:
-        rows = []
-        for _ in range(min(batch, n_traces - done)):
-            g, w, e = keys[rng.randrange(len(keys))]
-            rows.append({
-                "graph_hash": g, "workload": w, "env_id": e, "impl": rng.choice(impls),
-                "status": "PASSED" if rng.random() < 0.9 else "RUNTIME_ERROR",
-                "median_s": rng.uniform(1e-5, 1e-2), "min_s": 1e-5, "spread": 0.02,
-                "samples": 30, "max_abs_err": 1e-6, "max_rel_err": rng.uniform(0, 1e-4),
-                "ulp_err": 2.0, "log": ""})
-        store.add_traces(rows)
-        done += len(rows)
+        store.add_traces(_rows(keys, impls, min(batch, n_traces - done), rng))
+        done += min(batch, n_traces - done)
     return keys, n_traces / (time.perf_counter() - t0)
 
 
+def _rows(keys: list, impls: list, n: int, rng: random.Random) -> list[dict]:
+    rows = []
+    for _ in range(n):
+        g, w, e = keys[rng.randrange(len(keys))]
+        rows.append({
+            "graph_hash": g, "workload": w, "env_id": e, "impl": rng.choice(impls),
+            "status": "PASSED" if rng.random() < 0.9 else "RUNTIME_ERROR",
+            "median_s": rng.uniform(1e-5, 1e-2), "min_s": 1e-5, "spread": 0.02,
+            "samples": 30, "max_abs_err": 1e-6, "max_rel_err": rng.uniform(0, 1e-4),
+            "ulp_err": 2.0, "log": ""})
+    return rows
+
+
+def _per_call(fn, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t0) / n
+
+
+@contextlib.contextmanager
+def _postgres(url: str | None) -> Iterator[object]:
+    """Yields a factory of empty database URLs, or None without PostgreSQL."""
+    if url:
+        yield lambda: url
+        return
+    try:
+        from tests.store.pgserver import PostgresServer, find_bin_dir
+        bin_dir = find_bin_dir()
+        if bin_dir is None:
+            raise RuntimeError("no PostgreSQL binaries")
+        server = PostgresServer(bin_dir, fsync=True)
+    except Exception as err:  # noqa: BLE001 - the other engines still run
+        print(f"postgresql: skipped ({err})")
+        yield None
+        return
+    try:
+        yield lambda: server.url(server.create_db())
+    finally:
+        server.stop()
+
+
+def bench_engine(engine: str, make_url, size: int, batch: int, queries: int,
+                 rng: random.Random) -> dict:
+    """The figures of one engine at one store size."""
+    url = make_url()
+    with BenchmarkStore(url) as store:
+        keys, rate = populate(store, size, batch, rng)
+        impls = [i["key"] for i in store.implementations()]
+        n_single = 20 if engine == "tinydb" else 200  # TinyDB rewrites the whole file
+        t0 = time.perf_counter()
+        for row in _rows(keys, impls, n_single, rng):
+            store.add_trace(**row)
+        single = n_single / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    store = BenchmarkStore(url)
+    t_open = time.perf_counter() - t0
+    qs = [keys[rng.randrange(len(keys))] for _ in range(queries)]
+    it = iter(qs * 2)
+    t_best = _per_call(lambda: store.best(*next(it)), queries)
+    t_tol = _per_call(lambda: store.best(*next(it), tolerance=5e-5), queries)
+    g, _, e = keys[0]
+    t_near = _per_call(lambda: store.workloads_for(g, e), queries // 10)
+    fresh = BenchmarkStore(url, refresh_s=0)  # checks for other writers on every query
+    it = iter(qs)
+    t_best0 = _per_call(lambda: fresh.best(*next(it)), min(queries, 5000))
+    out = {"engine": engine, "traces": len(store), "batched": rate, "single": single,
+           "open_s": t_open, "best_us": t_best * 1e6, "best_tol_us": t_tol * 1e6,
+           "near_us": t_near * 1e6, "best_checked_us": t_best0 * 1e6}
+    store.close()
+    fresh.close()
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Print insert throughput, open time and µs per `best()` query."""
+    """Print one row per engine and store size."""
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--traces", type=int, default=100_000)
+    ap.add_argument("--engines", default="tinydb,sqlite,postgresql")
+    ap.add_argument("--sizes", default="10000,100000")
     ap.add_argument("--batch", type=int, default=5_000)
     ap.add_argument("--queries", type=int, default=100_000)
+    ap.add_argument("--pg-url", help="an empty PostgreSQL database (default: a local one)")
     args = ap.parse_args(argv)
-    rng = random.Random(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "store.json")
-        with BenchmarkStore(path) as store:
-            keys, rate = populate(store, args.traces, args.batch, rng)
-        size = os.path.getsize(path)
-        print(f"insert: {args.traces} traces in batches of {args.batch}: {rate:,.0f} traces/s")
-
-        t0 = time.perf_counter()
-        store = BenchmarkStore(path)
-        t_open = time.perf_counter() - t0
-        print(f"open:   {t_open * 1e3:.0f} ms for {len(store)} traces ({size / 2**20:.1f} MiB)")
-
-        qs = [keys[rng.randrange(len(keys))] for _ in range(args.queries)]
-        t0 = time.perf_counter()
-        hits = sum(store.best(g, w, e) is not None for g, w, e in qs)
-        t_best = (time.perf_counter() - t0) / len(qs)
-        print(f"best(): {t_best * 1e6:.2f} us/query ({hits}/{len(qs)} hits)")
-
-        t0 = time.perf_counter()
-        for g, w, e in qs:
-            store.best(g, w, e, tolerance=5e-5)
-        t_tol = (time.perf_counter() - t0) / len(qs)
-        print(f"best(tolerance=5e-5): {t_tol * 1e6:.2f} us/query")
-
-        t0 = time.perf_counter()
-        store.add_trace(graph_hash=keys[0][0], workload=keys[0][1], env_id=keys[0][2],
-                        impl="k-extra", status="PASSED", median_s=1e-6)
-        print(f"one add_trace at {len(store)} traces: {(time.perf_counter() - t0) * 1e3:.0f} ms")
-        store.close()
+    engines = args.engines.split(",")
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, \
+            _postgres(args.pg_url if "postgresql" in engines else "-") as pg:
+        counter = iter(range(10**6))
+        makers = {"tinydb": lambda: os.path.join(tmp, f"s{next(counter)}.json"),
+                  "sqlite": lambda: f"sqlite:///{tmp}/s{next(counter)}.db",
+                  "postgresql": pg}
+        for engine in engines:
+            if makers.get(engine) is None:
+                continue
+            for size in sizes:
+                r = bench_engine(engine, makers[engine], size, args.batch, args.queries,
+                                 random.Random(0))
+                rows.append(r)
+                print(f"{engine:<10} {r['traces']:>7} traces: insert {r['batched']:>8,.0f}/s "
+                      f"batched ({args.batch}), {r['single']:>6,.0f}/s single; open "
+                      f"{r['open_s'] * 1e3:>6.0f} ms; best() {r['best_us']:.2f} us, "
+                      f"tolerance {r['best_tol_us']:.2f} us, workloads_for "
+                      f"{r['near_us']:.2f} us; best() checking every query "
+                      f"{r['best_checked_us']:.1f} us", flush=True)
+    print()
+    print("| engine | traces | insert, batches of %d | insert, one per write | open | "
+          "`best()` | `best(tolerance=)` | `workloads_for()` | `best()`, `refresh_s=0` |"
+          % args.batch)
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['engine']} | {r['traces']:,} | {r['batched']:,.0f}/s | "
+              f"{r['single']:,.0f}/s | {r['open_s'] * 1e3:,.0f} ms | {r['best_us']:.1f} µs | "
+              f"{r['best_tol_us']:.1f} µs | {r['near_us']:.1f} µs | "
+              f"{r['best_checked_us']:.1f} µs |")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
     tgx store best    --graph HASH [--workload KEY] [--env ID] [--store PATH]
     tgx store export  OUT [--format json|flashinfer-bench] [--store PATH]
     tgx store recover [--store PATH]
+    tgx store migrate SRC DST
     tgx profile       [--store PATH] [--pending | SCRIPT.py] [--timeout S] [--isolate]
 
 Exit status: 0 success, 1 failure (message on stderr, traceback only with ``--debug``; for
@@ -36,6 +37,8 @@ from tgx.store import (
     sniff_environment,
 )
 from tgx.store.flashinfer import export_flashinfer
+from tgx.store.migrate import migrate_store
+from tgx.store.url import redact
 from tgx.store.names import graph_ops, signature, workload_name
 
 
@@ -194,6 +197,13 @@ def _cmd_recover(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_migrate(args: argparse.Namespace) -> int:
+    counts = migrate_store(args.src, args.dst)
+    print(f"copied {redact(args.src)} to {redact(args.dst)}: "
+          + ", ".join(f"{n} {table}" for table, n in counts.items()))
+    return 0
+
+
 def _jobs_from_script(path: str) -> list:
     if not os.path.isfile(path):
         raise CliError(f"no such script: {path}")
@@ -297,6 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
     r = ssub.add_parser("recover", parents=[common, store_opt],
                         help="move a corrupt store aside and start an empty one")
     r.set_defaults(func=_cmd_recover)
+    m = ssub.add_parser("migrate", parents=[common],
+                        help="copy a store, losslessly, into an empty store of any engine")
+    m.add_argument("src", metavar="SRC", help="the store to copy: a path or URL "
+                   "(tinydb:///…, sqlite:///…, postgresql://…)")
+    m.add_argument("dst", metavar="DST", help="an empty or new store: a path or URL")
+    m.set_defaults(func=_cmd_migrate)
     x = ssub.add_parser("export", parents=[common, store_opt],
                         help="copy the store to JSON, or to a FlashInfer-Bench trace set")
     x.add_argument("out", metavar="OUT",

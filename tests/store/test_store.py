@@ -45,8 +45,8 @@ def _populated(path):
 
 # --------------------------------------------------------------------------- round trips
 
-def test_every_table_round_trips_through_the_file(path):
-    st = BenchmarkStore(path)
+def test_every_table_round_trips(store_url):
+    st = BenchmarkStore(store_url)
     graph_bytes = bytes(range(256))  # every byte value, incl. NUL: must survive JSON
     g = st.add_graph("hash-abc", "attention", graph_bytes)
     k = st.add_implementation("KERNEL", "matmul", "torch", "s1", {"min_sm": 80, "dtypes": ["f16"]})
@@ -62,7 +62,7 @@ def test_every_table_round_trips_through_the_file(path):
     assert isinstance(tid, int)
     st.close()
 
-    st = BenchmarkStore(path)  # a fresh instance reads everything back from disk
+    st = BenchmarkStore(store_url)  # a fresh instance reads everything back
     assert st.get_graph(g)["graph_bytes"] == graph_bytes
     assert st.get_graph(g)["name"] == "attention"
     impl = st.get_implementation(k)
@@ -81,15 +81,19 @@ def test_every_table_round_trips_through_the_file(path):
     [t] = st.traces()
     assert {f: t[f] for f in full} == full
     assert [i["key"] for i in st.implementations(kind="GRAPH_RECIPE")] == [r]
-    # bytes are stored as base64 text in the JSON file
+
+
+def test_bytes_are_base64_text_in_the_json_file(path):
+    st = BenchmarkStore(path)
+    st.add_graph("hash-abc", "attention", bytes(range(256)))
     raw = json.loads(_read(path))
     [grec] = raw["canonical_graphs"].values()
     assert isinstance(grec["graph_b64"], str)
     assert raw["meta"]["1"]["schema_version"] == SCHEMA_VERSION
 
 
-def test_dedupe_of_graphs_implementations_environments_workloads(path):
-    st = BenchmarkStore(path)
+def test_dedupe_of_graphs_implementations_environments_workloads(store_url):
+    st = BenchmarkStore(store_url)
     assert st.add_graph("g", "a", b"1") == st.add_graph("g", "a", b"1") == "g"
     k1 = st.add_implementation("KERNEL", "mm", "numpy", "s1")
     assert st.add_implementation("KERNEL", "mm", "numpy", "s1") == k1
@@ -109,8 +113,8 @@ def test_dedupe_of_graphs_implementations_environments_workloads(path):
     assert st.stats()["generation"] == generation
 
 
-def test_invalid_records_are_rejected_before_writing(path):
-    st = BenchmarkStore(path)
+def test_invalid_records_are_rejected_before_writing(store_url):
+    st = BenchmarkStore(store_url)
     with pytest.raises(StoreError, match="status"):
         st.add_trace(**_trace(status="FAST"))
     with pytest.raises(StoreError, match="missing"):
@@ -124,8 +128,8 @@ def test_invalid_records_are_rejected_before_writing(path):
 
 # --------------------------------------------------------------------------- lookups
 
-def test_best_picks_fastest_passed_and_honours_tolerance(path):
-    st = BenchmarkStore(path)
+def test_best_picks_fastest_passed_and_honours_tolerance(store_url):
+    st = BenchmarkStore(store_url)
     st.add_traces([
         _trace(impl="wrong", status=Status.INCORRECT_NUMERICAL, median_s=1e-6, max_rel_err=1.0),
         _trace(impl="crash", status="RUNTIME_ERROR", log="boom"),
@@ -147,8 +151,8 @@ def test_best_picks_fastest_passed_and_honours_tolerance(path):
     assert st.best("g1", "w1", "e1")["median_s"] == 5e-5
 
 
-def test_measured_traces_filters_and_workloads_for(path):
-    st = BenchmarkStore(path)
+def test_measured_traces_filters_and_workloads_for(store_url):
+    st = BenchmarkStore(store_url)
     wa = st.add_workload("g1", {"N": 64}, [((64,), "float32")])
     wb = st.add_workload("g1", {"N": 256}, [((256,), "float32")])
     st.add_traces([_trace(w=wa, impl="k1", median_s=2.0, timestamp=10),
@@ -171,23 +175,28 @@ def test_measured_traces_filters_and_workloads_for(path):
     assert s["traces_by_status"] == {"PASSED": 3, "TIMEOUT": 1}
 
 
-def test_second_instance_sees_writes_of_the_first(path):
-    a, (g, _k, w, e) = _populated(path)
-    b = BenchmarkStore(path)
+def test_second_instance_sees_writes_of_the_first(store_url):
+    a, (g, _k, w, e) = _populated(store_url)
+    b = BenchmarkStore(store_url, refresh_s=0)  # check for other writers on every query
     assert b.best(g, w, e)["median_s"] == 1e-3
     a.add_trace(**_trace(g, "k-fast", w, e, median_s=1e-6))
     assert b.best(g, w, e)["impl"] == "k-fast"  # refreshed from the changed file
     b.add_trace(**_trace(g, "k-b", w, e, median_s=1.0))
+    a.refresh()  # `a` checks on its own at most every refresh_s (PostgreSQL: 0.5 s)
     assert len(a.traces()) == len(b.traces()) == 7
 
 
-def test_export_default_path_and_context_manager(path, tmp_path, monkeypatch):
-    st, _ = _populated(path)
+def test_export_default_path_and_context_manager(store_url, tmp_path, monkeypatch):
+    st, _ = _populated(store_url)
     out = st.export(str(tmp_path / "backup.json"))
-    with BenchmarkStore(out) as copy:
+    with BenchmarkStore(out) as copy:  # a TinyDB file, whatever the engine exported
         assert copy.stats()["counts"] == st.stats()["counts"]
+        assert copy.dump_records() == st.dump_records()
     with pytest.raises(StoreError, match="closed"):
         copy.traces()
+    st.close()
+    with pytest.raises(StoreError, match="closed"):
+        st.best("g1", "w1", "e1")
     monkeypatch.setenv("TGX_STORE", str(tmp_path / "env.json"))
     assert default_store_path() == str(tmp_path / "env.json")
     monkeypatch.delenv("TGX_STORE")

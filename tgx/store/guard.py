@@ -23,12 +23,13 @@ True
 
 from __future__ import annotations
 
-import os
 import threading
 import warnings
 from typing import Any
 
-from .db import OFF, BenchmarkStore, default_store_path, read_only_reason, store_disabled
+from .base import BenchmarkStore
+from .db import read_only_reason
+from .url import OFF, default_store_path, parse_target, redact, store_disabled
 from .schema import SCHEMA_VERSION, CorruptStoreError, StoreError, StoreVersionError, StoreWarning
 
 #: seconds a compile waits for a store lock held by another process before planning without
@@ -44,20 +45,28 @@ def open_for_planning(store: Any) -> tuple[BenchmarkStore | None, str | None]:
     (``store=False``, ``store="off"``, or ``store=None`` under ``TGX_STORE=off``); or
     ``(None, why)`` when the store cannot be used, after one `StoreWarning` (per path and
     problem, per process) that names the path and the fix. `store`: a `BenchmarkStore`
-    (used as it is), a path, or None (`default_store_path()`)."""
+    (used as it is), a path or URL, or None (`default_store_path()`). A URL is named without
+    its password."""
     if isinstance(store, BenchmarkStore):
         return store, None
     if store is False or (isinstance(store, str) and store.strip().lower() in OFF):
         return None, None
     if store is None and store_disabled():
         return None, None
-    path = os.path.abspath(os.path.expanduser(os.fspath(store))) if store else default_store_path()
-    problem = read_only_reason(path)
+    try:
+        target = parse_target(store if store else default_store_path())
+    except StoreError as err:
+        where = redact(str(store)) if store else "$TGX_STORE"
+        _warn_once(where, str(err), "give a file path or a tinydb://, sqlite:// or "
+                                    "postgresql:// URL")
+        return None, f"benchmark store {where} not used: {err}"
+    path = target.display
+    problem = read_only_reason(target.path) if target.path else None
     if problem is None:
         try:
-            return BenchmarkStore(path, lock_timeout=LOCK_TIMEOUT_S, best_effort=True), None
+            return BenchmarkStore(target, lock_timeout=LOCK_TIMEOUT_S, best_effort=True), None
         except (StoreError, OSError) as err:
-            problem, fix = _diagnose(err, path)
+            problem, fix = _diagnose(err, path, target.engine)
     else:
         fix = (f"make it writable (chmod u+w {path} and its directory), or set TGX_STORE to "
                "a writable path")
@@ -65,8 +74,12 @@ def open_for_planning(store: Any) -> tuple[BenchmarkStore | None, str | None]:
     return None, f"benchmark store {path} not used: {problem}"
 
 
-def _diagnose(err: BaseException, path: str) -> tuple[str, str]:
+def _diagnose(err: BaseException, path: str, engine: str = "tinydb") -> tuple[str, str]:
     """(what is wrong, how to fix it) for an error opening the store at `path`."""
+    if isinstance(err, CorruptStoreError) and engine == "sqlite":
+        return (f"the file is corrupt ({err.reason})",
+                f"open it once with tgx.BenchmarkStore('sqlite:///{path}', recover=True) (it "
+                f"moves the file aside to {path}.corrupt-<time> and starts an empty store)")
     if isinstance(err, CorruptStoreError):
         return (f"the file is corrupt ({err.reason})",
                 f"run `tgx store recover --store {path}` (it moves the file aside to "
@@ -78,6 +91,14 @@ def _diagnose(err: BaseException, path: str) -> tuple[str, str]:
                     "upgrade tgx (pip install -U tgx-trace), or set TGX_STORE to another file")
         return (f"its schema_version {err.version} is older than this tgx can migrate",
                 "set TGX_STORE to another file (the old one stays as it is)")
+    if engine != "tinydb" and isinstance(err, TimeoutError):
+        return (f"another writer held it for over {LOCK_TIMEOUT_S:g} s",
+                "let that process finish, or set TGX_STORE to another store")
+    if engine == "postgresql":
+        return (str(err).partition(": ")[2] or str(err),
+                "check the URL, that the server is up, and the credentials (a ~/.pgpass or "
+                "service file, PGPASSWORD; see docs/store.md), or set TGX_STORE to another "
+                "store")
     if isinstance(err, TimeoutError):  # filelock.Timeout
         return (f"another process has held its lock {path}.lock for over {LOCK_TIMEOUT_S:g} s",
                 "let that process (a `tgx profile` or `policy=\"explore\"` run?) finish, or "

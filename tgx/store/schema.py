@@ -235,6 +235,8 @@ def make_workload(graph_hash: str, axes: Mapping[str, int], inputs: Iterable[Any
 
 
 _TRACE_REQUIRED = ("graph_hash", "impl", "workload", "env_id", "status")
+#: The fields every trace record has a value for.
+TRACE_REQUIRED_FIELDS = _TRACE_REQUIRED
 _TRACE_FLOATS = ("median_s", "min_s", "spread", "max_abs_err", "max_rel_err", "ulp_err",
                  "speedup")
 #: Every field a trace record carries (missing optional ones are stored as None).
