@@ -10,6 +10,7 @@ connects without a password (``trust``); every other role must give its password
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import glob
 import itertools
@@ -77,6 +78,7 @@ class PostgresServer:
             opts += " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         self._run("pg_ctl", "-D", self.data, "-l", self.log, "-o", opts, "-w", "-t", "60",
                   "start")
+        atexit.register(self.stop)  # also when the session ends without its finalizers
 
     def _run(self, tool: str, *args: str) -> None:
         kw = {}
@@ -117,6 +119,8 @@ class PostgresServer:
             self.sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
     def stop(self) -> None:
+        if not os.path.isdir(self.root):
+            return
         with contextlib.suppress(Exception):
             self._run("pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop")
         shutil.rmtree(self.root, ignore_errors=True)
