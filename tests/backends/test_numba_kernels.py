@@ -143,7 +143,7 @@ def test_lossy_kernel_is_chosen_only_under_tolerance(tmp_path, weights):
     plan = g._plans[next(iter(g._plans))]
     assert [k.variant for k in plan.kernels] == ["numba-int8"]
     rep = plan.precision
-    assert rep.kept and rep.held == (("args[0]", "int8", "linear[numba-int8]@numpy"),)
+    assert rep.kept and rep.held == (("w", "int8", "linear[numba-int8]@numpy"),)
     err = np.abs(y - want).max() / np.abs(want).max()
     assert rep.error == pytest.approx(err, rel=1e-3) and 1e-4 < err < 5e-2
     assert "held as int8" in str(plan)
