@@ -215,8 +215,10 @@ def test_compiled_training_step_updates_state_in_place():
 
 
 def test_grad_of_integer_input_is_an_error_naming_the_line():
-    with pytest.raises(tgx.DTypeError, match=r"argument 0 holds i64\[3\].*test_ad.py:\d+"):
+    with pytest.raises(tgx.DTypeError, match=r"argument 0 \(x\) holds i64\[3\].*test_ad.py:\d+"):
         tgx.grad(lambda x: tnp.sum(x * 1.0))(np.arange(3))
+    with pytest.raises(tgx.DTypeError, match=r"argument 0 \(p\['ids'\]\) holds i64"):
+        tgx.grad(lambda p: tnp.sum(p["w"]))({"w": np.ones(2), "ids": np.arange(2)})
 
 
 def test_grad_of_non_scalar_output_is_an_error():

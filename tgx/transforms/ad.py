@@ -29,7 +29,15 @@ from ..errors import DTypeError, ShapeError, TgxError, Unsupported
 from ..primitives import derivatives  # noqa: F401  (registers the atomic rules)
 from ..primitives import ops
 from ..shapes import dim_eq, is_float
-from ..tracing import Tracer, tree_flatten, tree_unflatten, user_frame, where
+from ..tracing import (
+    Tracer,
+    leaf_paths,
+    positional_names,
+    tree_flatten,
+    tree_unflatten,
+    user_frame,
+    where,
+)
 
 
 class GradTracer(Tracer):
@@ -215,13 +223,17 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
     def value_and_grad_f(*args, **kwargs):
         nums = _argnums(argnums, len(args), "grad")
         info = user_frame(2)
+        names = positional_names(f, len(args))
         for i in nums:
-            for leaf in tree_flatten(args[i])[0]:
+            leaves, td = tree_flatten(args[i])
+            root = names[i] if i < len(names) else f"args[{i}]"
+            for leaf, path in zip(leaves, leaf_paths(td, root)):
                 a = ops._aval(_as_value(leaf))
                 if not is_float(a.dtype):
-                    raise DTypeError(f"grad of {fname}: argument {i} holds {a.str_short()}; "
-                                     f"only floating-point inputs can be differentiated (pass "
-                                     f"integers as a non-differentiated argument){where(info)}")
+                    raise DTypeError(f"grad of {fname}: argument {i} ({path}) holds "
+                                     f"{a.str_short()}; only floating-point inputs can be "
+                                     f"differentiated (pass integers as a non-differentiated "
+                                     f"argument){where(info)}")
 
         def restricted(*diff_args):
             full = list(args)
