@@ -67,7 +67,8 @@ _LAZY = {
     "vmap": "tgx.transforms.vmap",
     "optim": "tgx.optim",
     **{name: "tgx.transforms.ad" for name in (
-        "grad", "value_and_grad", "vjp", "jvp", "jacrev", "jacfwd", "stop_gradient")},
+        "grad", "value_and_grad", "vjp", "jvp", "jacrev", "jacfwd", "stop_gradient",
+        "custom_vjp")},
 }
 
 

@@ -291,3 +291,33 @@ def test_reduction_and_movement_gradients_match_jax(shape, data):
 
     np.testing.assert_allclose(tgx.grad(f(tnp))(x), jax.grad(f(jnp))(x), rtol=1e-10,
                                atol=1e-12)
+
+
+def test_custom_vjp_replaces_the_rule():
+    @tgx.custom_vjp
+    def scaled_sin(x, y):
+        return tnp.sin(x) * y
+
+    calls = []
+
+    def fwd(x, y):
+        calls.append("fwd")
+        return scaled_sin(x, y), (x, y)
+
+    def bwd(res, ct):
+        x, y = res
+        return (tnp.clip(ct * tnp.cos(x) * y, -1.0, 1.0), None)  # clipped; no gradient for y
+
+    scaled_sin.defvjp(fwd, bwd)
+    x, y = np.linspace(0.0, 1.0, 4), np.full(4, 2.0)
+    np.testing.assert_allclose(scaled_sin(x, y), np.sin(x) * 2)  # outside grad: f itself
+    assert calls == []
+    gx, gy = tgx.grad(lambda x, y: tnp.sum(scaled_sin(x, y)), argnums=(0, 1))(x, y)
+    np.testing.assert_allclose(gx, np.clip(2 * np.cos(x), -1, 1))
+    np.testing.assert_array_equal(gy, np.zeros(4))
+    compiled = tgx.compile(tgx.grad(lambda x, y: tnp.sum(scaled_sin(x, y))),
+                           policy="heuristic", backends=["numpy"])
+    np.testing.assert_allclose(compiled(x, y), np.clip(2 * np.cos(x), -1, 1))
+    with pytest.raises(tgx.TgxError, match="tuple of 2 cotangents"):
+        scaled_sin.defvjp(fwd, lambda res, ct: ct)
+        tgx.grad(lambda x: tnp.sum(scaled_sin(x, y)))(x)

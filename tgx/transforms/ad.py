@@ -1,5 +1,5 @@
 """Reverse-mode autodiff: `vjp`, `grad`, `value_and_grad`, `jvp`, `jacrev`, `jacfwd`,
-`stop_gradient`.
+`stop_gradient`, `custom_vjp`.
 
 `vjp(f, *primals)` runs `f` under a `ReverseTrace`: each value that depends on a
 differentiated input is a `GradTracer` wrapping its primal value, every primitive applied to
@@ -354,6 +354,70 @@ def jacfwd(f: Callable, argnums: int = 0):
         return ops.reshape(out, oa.shape + xa.shape)
 
     return jac
+
+
+class _CustomRule:
+    """A tape entry's rule for a `custom_vjp` call: `bwd(residuals, ct)`."""
+
+    multiple_results = True
+    name = "custom_vjp"
+
+    def __init__(self, bwd, residuals, out_tree, counts):
+        self.bwd, self.residuals, self.out_tree, self.counts = bwd, residuals, out_tree, counts
+
+    def vjp(self, cts, *primals, out):
+        cts = self.bwd(self.residuals, tree_unflatten(self.out_tree, cts))
+        if not isinstance(cts, (tuple, list)) or len(cts) != len(self.counts):
+            raise TgxError(f"custom_vjp: bwd must return a tuple of {len(self.counts)} "
+                           f"cotangents, one per argument (None for none)")
+        leaves = []
+        for c, n in zip(cts, self.counts):
+            got = [None] * n if c is None else tree_flatten(c)[0]
+            if len(got) != n:
+                raise TgxError(f"custom_vjp: a cotangent from bwd has {len(got)} leaves, its "
+                               f"argument {n}")
+            leaves += got
+        return leaves
+
+
+class custom_vjp:  # noqa: N801 (the JAX name)
+    """A function with a hand-written VJP, as `jax.custom_vjp`: `fwd(*args) -> (out,
+    residuals)` runs instead of `f` when it is differentiated, and `bwd(residuals, ct)` returns
+    one cotangent per argument (a tuple). Outside differentiation `f` runs as it is.
+
+    >>> import tgx, tgx.numpy as tnp, numpy as np
+    >>> @tgx.custom_vjp
+    ... def clip_grad(x):
+    ...     return x
+    >>> clip_grad.defvjp(lambda x: (x, None), lambda _, ct: (tnp.clip(ct, -1.0, 1.0),))
+    >>> tgx.grad(lambda x: tnp.sum(clip_grad(x) * 5.0))(np.ones(2, np.float32))
+    array([1., 1.], dtype=float32)
+    """
+
+    def __init__(self, fn: Callable):
+        self.fn, self.fwd, self.bwd = fn, None, None
+        self.__name__ = getattr(fn, "__name__", "custom_vjp")
+        self.__doc__ = fn.__doc__
+
+    def defvjp(self, fwd: Callable, bwd: Callable) -> None:
+        self.fwd, self.bwd = fwd, bwd
+
+    def __call__(self, *args):
+        leaves, tree = tree_flatten(args)
+        traces = [x.builder for x in leaves if isinstance(x, GradTracer)]
+        if not traces or self.fwd is None:
+            return self.fn(*args)
+        trace = max(traces, key=lambda t: t.level)
+        mine = [isinstance(x, GradTracer) and x.builder is trace for x in leaves]
+        primals = [x.primal if m else x for x, m in zip(leaves, mine)]
+        # fwd runs on the primals one level down (inner differentiations see plain values)
+        out, residuals = trace.run_below(lambda: self.fwd(*tree_unflatten(tree, primals)))
+        out_leaves, out_tree = tree_flatten(out)
+        wrapped = [trace.wrap(o) if is_float(ops._aval(o).dtype) else o for o in out_leaves]
+        rule = _CustomRule(self.bwd, residuals, out_tree,
+                           [len(tree_flatten(a)[0]) for a in args])
+        trace.tape.append((rule, leaves, mine, primals, out_leaves, {}, wrapped))
+        return tree_unflatten(out_tree, wrapped)
 
 
 def stop_gradient(x: Any) -> Any:
