@@ -64,6 +64,8 @@ def _load_script(path: str) -> Any:
 def resolve(spec: str | Callable) -> Callable:
     """The function named by a job spec: ``"package.module:function"`` (dots after the colon
     walk attributes) or ``"/path/to/file.py:function"``; a callable is returned as is.
+    Resolving imports (and so runs) code: only specs the user gave (a script's jobs, a
+    call) come here, never one a benchmark store supplied (`store_specs`).
 
     >>> resolve("numpy:exp") is np.exp
     True
@@ -121,6 +123,63 @@ def input_descriptors(args: Sequence[Any]) -> list[tuple[tuple[int, ...], str]]:
         arr = a if isinstance(a, np.ndarray | np.generic) else np.asarray(a)
         out.append((tuple(int(d) for d in arr.shape), str(arr.dtype)))
     return out
+
+
+# ------------------------------------------------------------------ jobs from a store
+# A store row is data: a shared store is written by other people and machines, so nothing
+# it holds may make this process import or run code. Work taken from a store names a
+# kernel registered in this process by (name, backend, source hash) (the `pending` flags,
+# `tgx.profiling.pending.flagged_jobs`); a job whose function or golden reference is a spec
+# string the store supplied is refused and recorded as a refused trace.
+
+#: how a refused job's trace log starts
+REFUSED = "refused:"
+
+
+def store_specs(store: Any) -> frozenset[str]:
+    """Every string the store's implementation rows (``requirements``) and pending flags
+    hold: what a job spec must not be, since it would be code a store row named.
+
+    >>> store_specs(None)
+    frozenset()
+    """
+    if store is None:
+        return frozenset()
+    out: set[str] = set()
+
+    def walk(v: Any) -> None:
+        if isinstance(v, str):
+            out.add(v)
+        elif isinstance(v, Mapping):
+            for k, x in v.items():
+                walk(k)
+                walk(x)
+        elif isinstance(v, list | tuple):
+            for x in v:
+                walk(x)
+
+    for impl in store.implementations():
+        walk(impl.get("requirements"))
+    for rec in store.pending():
+        walk(rec.get("kernel"))
+    return frozenset(out)
+
+
+def _refused(named: list[str], args: Sequence[Any], store: Any, graph_hash: str | None,
+             impl: str | None, workload: str | None, env_id: str | None) -> dict:
+    """The trace of a job refused because the store named its code (nothing imported)."""
+    graph_hash = graph_hash or named[0]
+    if store is not None:
+        workload = workload or store.add_workload(graph_hash, {}, input_descriptors(args))
+        env_id = env_id or _env_id(store)
+    rec = dict.fromkeys(TRACE_FIELDS)
+    rec.update(graph_hash=graph_hash, impl=impl or named[0], workload=workload or "-",
+               env_id=env_id or "-", timestamp=time.time(), status=Status.RUNTIME_ERROR.value,
+               log=f"{REFUSED} the benchmark store named code to import and run "
+                   f"({', '.join(repr(s) for s in named)}); a job from a store runs only a "
+                   "kernel registered in this process, named by (name, backend, source "
+                   "hash). Nothing was imported or run.")
+    return rec
 
 
 # ------------------------------------------------------------------ one candidate
@@ -299,7 +358,8 @@ def profile(fn: str | Callable, args: Sequence[Any] = (), *, golden: Any = None,
     ('PASSED', 0.0)
     """
     rec = _profile_record(fn, args, golden, dtype, store, graph_hash, impl, workload, env_id,
-                          isolate, timeout_s, dict(measure_kw, atol=atol, rtol=rtol))
+                          isolate, timeout_s, dict(measure_kw, atol=atol, rtol=rtol),
+                          store_specs(store))
     if store is not None:
         store.add_trace(**rec)
     return rec
@@ -308,7 +368,11 @@ def profile(fn: str | Callable, args: Sequence[Any] = (), *, golden: Any = None,
 def _profile_record(fn: str | Callable, args: Sequence[Any], golden: Any, dtype: Any,
                     store: Any, graph_hash: str | None, impl: str | None,
                     workload: str | None, env_id: str | None, isolate: bool,
-                    timeout_s: float, options: dict) -> dict:
+                    timeout_s: float, options: dict,
+                    untrusted: frozenset[str] = frozenset()) -> dict:
+    named = [s for s in (fn, golden) if isinstance(s, str) and s in untrusted]
+    if named:  # checked before anything is resolved: no import, no call
+        return _refused(named, args, store, graph_hash, impl, workload, env_id)
     args, golden_value, graph_hash, impl, workload, env_id = _prepare(
         fn, args, golden, graph_hash, impl, workload, store, env_id)
     if isolate:
@@ -362,7 +426,10 @@ def profile_many(jobs: Iterable[Any], *, store: Any = None, progress: bool | Non
     override) and return the trace records. Traces go to `store` in batches of
     `batch_size` (one file write each). A failing candidate is a trace and the sweep goes
     on; a harness error (unimportable job, broken golden) is reported to `on_error`
-    (default: a line on stderr) and the job skipped. `progress`: see `progress_enabled`.
+    (default: a line on stderr) and the job skipped. A job whose ``fn`` or ``golden`` is a
+    spec string the store supplied (`store_specs`) is refused: nothing is imported, and a
+    RUNTIME_ERROR trace whose log starts with ``refused:`` records it. `progress`: see
+    `progress_enabled`.
 
     >>> recs = profile_many([(np.negative, (np.float32([1]),), {"golden": np.negative})],
     ...                     budget_s=0.01)
@@ -370,6 +437,7 @@ def profile_many(jobs: Iterable[Any], *, store: Any = None, progress: bool | Non
     ['PASSED']
     """
     jobs = [normalize_job(j) for j in jobs]
+    untrusted = store_specs(store)  # a job naming code a store row supplied is refused
     report = on_error or (lambda msg: print(f"tgx profile: {msg}", file=sys.stderr))
     bar = Progress(len(jobs), enabled=progress)
     records: list[dict] = []
@@ -384,7 +452,7 @@ def profile_many(jobs: Iterable[Any], *, store: Any = None, progress: bool | Non
                 rec = _profile_record(fn, args, fixed["golden"], fixed["dtype"], store,
                                       fixed["graph_hash"], fixed["impl"], fixed["workload"],
                                       fixed["env_id"], bool(fixed["isolate"]),
-                                      fixed["timeout_s"] or 30, kw)
+                                      fixed["timeout_s"] or 30, kw, untrusted)
             except ProfilingError as err:
                 report(f"skipped {label}: {err}")
                 bar.update(label + " (skipped)")

@@ -10,6 +10,7 @@ engine supplies `_read` (the cache, refreshed when another process wrote) and th
 
 from __future__ import annotations
 
+import abc
 import importlib
 import json
 import os
@@ -50,7 +51,7 @@ def engine_class(target: StoreTarget) -> type[BenchmarkStore]:
     return module.STORE_CLASS
 
 
-class BenchmarkStore:
+class BenchmarkStore(abc.ABC):
     """A benchmark store, safe for many processes and threads writing at once.
 
     >>> import tempfile, os
@@ -105,20 +106,26 @@ class BenchmarkStore:
 
     # ------------------------------------------------------------ engine hooks
 
-    def _read(self) -> StoreIndex:  # pragma: no cover - every engine defines it
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _read(self) -> StoreIndex:
+        """The cache, first refreshed if other processes wrote (at most every refresh_s)."""
 
+    @abc.abstractmethod
     def _insert_unique(self, table: str, index_attr: str, key: str, rec: dict) -> str:
-        raise NotImplementedError  # pragma: no cover
+        """Write a graph, implementation, environment or workload record unless its key is
+        there (checked again under the engine's write lock)."""
 
+    @abc.abstractmethod
     def _insert_traces(self, records: list[dict]) -> list[int]:
-        raise NotImplementedError  # pragma: no cover
+        """Write trace records in one write; their ids."""
 
+    @abc.abstractmethod
     def _add_pending(self, fresh: dict[str, dict]) -> int:
-        raise NotImplementedError  # pragma: no cover
+        """Write the pending flags not there yet (and their graphs); how many."""
 
+    @abc.abstractmethod
     def _clear_pending(self, keys: list[str]) -> int:
-        raise NotImplementedError  # pragma: no cover
+        """Delete these pending flags; how many were there."""
 
     def refresh(self) -> None:
         """Bring the in-process cache up to date with what other processes wrote, now (a
@@ -482,6 +489,7 @@ class BenchmarkStore:
                                                       key=lambda x: x[0])]}
             return json.loads(json.dumps(tables))
 
+    @abc.abstractmethod
     def load_records(self, tables: Mapping[str, Iterable[Mapping[str, Any]]]) -> dict[str, int]:
         """Copy records (as `dump_records` gives them, keys and timestamps kept) into this
         store, which must hold none yet; one write. Returns how many records per table.
@@ -490,7 +498,6 @@ class BenchmarkStore:
 
             dst.load_records(src.dump_records())  # -> {'canonical_graphs': 3, ...}
         """
-        raise NotImplementedError  # pragma: no cover - every engine defines it
 
     def _check_loadable(self, tables: Mapping[str, Iterable[Mapping[str, Any]]]
                         ) -> dict[str, list[dict]]:
@@ -530,17 +537,17 @@ class BenchmarkStore:
 
     # ------------------------------------------------------------ lifecycle
 
-    def stats(self) -> dict:  # pragma: no cover - every engine defines it
+    @abc.abstractmethod
+    def stats(self) -> dict:
         """Counts per table and per trace status, plus path, size and schema version."""
-        raise NotImplementedError
 
-    def export(self, path: str | os.PathLike) -> str:  # pragma: no cover
+    @abc.abstractmethod
+    def export(self, path: str | os.PathLike) -> str:
         """Write a consistent copy of the whole store as a TinyDB JSON file at `path`."""
-        raise NotImplementedError
 
-    def close(self) -> None:  # pragma: no cover
+    @abc.abstractmethod
+    def close(self) -> None:
         """Drop the in-memory copy; later calls raise `StoreError`. Idempotent."""
-        raise NotImplementedError
 
     def __enter__(self) -> Self:
         return self

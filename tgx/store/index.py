@@ -11,7 +11,16 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping
 
-from .schema import ENVIRONMENTS, GRAPHS, IMPLEMENTATIONS, PENDING, TRACES, WORKLOADS, Status
+from .schema import (
+    ENVIRONMENTS,
+    GRAPHS,
+    IMPLEMENTATIONS,
+    PENDING,
+    TRACES,
+    WORKLOADS,
+    Status,
+    StoreError,
+)
 
 _PASSED = Status.PASSED.value
 
@@ -82,7 +91,7 @@ class StoreIndex:
             self.workloads[rec["key"]] = rec
             self.workloads_g.setdefault(rec["graph_hash"], {})[rec["key"]] = None
         else:
-            raise KeyError(table)
+            raise StoreError(f"internal error: no table {table!r} to index")
 
     def add_pending(self, doc_id: int, rec: dict) -> None:
         self.pending[rec["key"]] = (doc_id, rec)
