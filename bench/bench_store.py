@@ -154,9 +154,8 @@ def main(argv: list[str] | None = None) -> None:
                       f"{r['near_us']:.2f} us; best() checking every query "
                       f"{r['best_checked_us']:.1f} us", flush=True)
     print()
-    print("| engine | traces | insert, batches of %d | insert, one per write | open | "
-          "`best()` | `best(tolerance=)` | `workloads_for()` | `best()`, `refresh_s=0` |"
-          % args.batch)
+    print(f"| engine | traces | insert, batches of {args.batch} | insert, one per write | "
+          "open | `best()` | `best(tolerance=)` | `workloads_for()` | `best()`, `refresh_s=0` |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['engine']} | {r['traces']:,} | {r['batched']:,.0f}/s | "

@@ -288,6 +288,9 @@ FIELDS: dict[str, tuple[_Field, ...]] = {
               _f("graph_b64", "graph_bytes", "b64"), _f("created", kind="float")),
 }
 _NOT_NULL = {(TRACES, "timestamp"): 0.0, (TRACES, "log"): ""}
+#: the columns `trace_records` reads, in its order (the four keys first, extra last)
+TRACE_COLUMNS = [f.column for f in FIELDS[TRACES]] + ["extra"]
+assert [f.kind for f in FIELDS[TRACES][:4]] == ["fk"] * 4
 
 
 def _fits(kind: str, value: Any, sqlite: bool) -> bool:
@@ -403,6 +406,29 @@ def row_to_record(table: str, row: Mapping[str, Any], key_of: Mapping[str, Mappi
             else:
                 rec[k] = _untag(v)
     return rec
+
+
+def trace_records(rows: Any, key_of: Mapping[str, Mapping[int, str]]) -> list[dict]:
+    """`row_to_record` for many ``benchmark_traces`` rows selected as `TRACE_COLUMNS` (the
+    planner's store has 100k of them: this is the bulk of opening one)."""
+    fields = FIELDS[TRACES]
+    names = [f.field for f in fields]
+    graphs, impls = key_of[GRAPHS], key_of[IMPLEMENTATIONS]
+    workloads, envs = key_of[WORKLOADS], key_of[ENVIRONMENTS]
+    out = []
+    for row in rows:
+        rec = dict(zip(names, row))
+        rec["graph_hash"], rec["impl"] = graphs[row[0]], impls[row[1]]
+        rec["workload"], rec["env_id"] = workloads[row[2]], envs[row[3]]
+        extra = row[-1]
+        if extra:
+            for k, v in extra.items():
+                if isinstance(v, dict) and v.get("$absent") is True and len(v) == 1:
+                    rec.pop(k, None)
+                else:
+                    rec[k] = _untag(v)
+        out.append(rec)
+    return out
 
 
 def placeholder_row(table: str, key: str, gen: int) -> dict:
