@@ -376,6 +376,17 @@ def test_compile_measures_into_and_plans_from_a_sql_store(sql_url, monkeypatch):
     assert not plan.policy.startswith("heuristic")
 
 
+def test_compiles_share_one_open_sql_store_per_url(tmp_path):
+    from tgx.store import open_for_planning
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    first, _ = open_for_planning(url)
+    assert open_for_planning(url)[0] is first and first.best_effort
+    first.close()
+    again, _ = open_for_planning(url)  # a closed one is opened anew
+    assert again is not first and len(again) == 0
+
+
 def test_an_unreachable_postgresql_store_warns_without_its_password(tmp_path, monkeypatch):
     import warnings
 

@@ -37,6 +37,10 @@ from .schema import SCHEMA_VERSION, CorruptStoreError, StoreError, StoreVersionE
 LOCK_TIMEOUT_S = 5.0
 
 _warned: set[tuple[str, str]] = set()  # (path, problem): warn once per process
+#: SQL stores compile opened, by URL: one per process, its cache refreshed incrementally
+#: (opening a 100k-trace store reads every row; a refresh reads what changed)
+_OPEN: dict[str, BenchmarkStore] = {}
+_open_lock = threading.Lock()
 _warned_lock = threading.Lock()
 
 
@@ -46,7 +50,8 @@ def open_for_planning(store: Any) -> tuple[BenchmarkStore | None, str | None]:
     ``(None, why)`` when the store cannot be used, after one `StoreWarning` (per path and
     problem, per process) that names the path and the fix. `store`: a `BenchmarkStore`
     (used as it is), a path or URL, or None (`default_store_path()`). A URL is named without
-    its password."""
+    its password. An SQLite or PostgreSQL store is opened once per process and URL and
+    reused by later compiles (its cache refreshed, not reloaded)."""
     if isinstance(store, BenchmarkStore):
         return store, None
     if store is False or (isinstance(store, str) and store.strip().lower() in OFF):
@@ -64,6 +69,13 @@ def open_for_planning(store: Any) -> tuple[BenchmarkStore | None, str | None]:
     problem = read_only_reason(target.path) if target.path else None
     if problem is None:
         try:
+            if target.engine != "tinydb":  # kept open: later compiles refresh, not reload
+                with _open_lock:
+                    store = _OPEN.get(target.url)
+                    if store is None or store._closed:
+                        store = _OPEN[target.url] = BenchmarkStore(
+                            target, lock_timeout=LOCK_TIMEOUT_S, best_effort=True)
+                return store, None
             return BenchmarkStore(target, lock_timeout=LOCK_TIMEOUT_S, best_effort=True), None
         except (StoreError, OSError) as err:
             problem, fix = _diagnose(err, path, target.engine)

@@ -26,6 +26,7 @@ import json
 import os
 import time
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -141,6 +142,9 @@ class SQLStore(BenchmarkStore):
         if self._sqlite:
             os.makedirs(os.path.dirname(self.path), exist_ok=True)
         self._sa = self._create_engine()
+        # a forked child must not use the parent's connections: it opens its own
+        me = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: (s := me()) and s._forget_connections())
         self._reset_cache()
         try:
             self._ensure_schema()
@@ -214,6 +218,11 @@ class SQLStore(BenchmarkStore):
                 f"for another writer ({msg})")
         return StoreError(f"benchmark store {self.url}: {what} failed: "
                           f"{type(orig).__name__}: {msg}")
+
+    def _forget_connections(self) -> None:
+        self._checker = None
+        if self._sa is not None:
+            self._sa.dispose(close=False)
 
     def _dispose(self) -> None:
         if self._checker is not None:
