@@ -376,6 +376,25 @@ def test_compile_measures_into_and_plans_from_a_sql_store(sql_url, monkeypatch):
     assert not plan.policy.startswith("heuristic")
 
 
+def test_a_best_effort_store_plans_on_its_cache_when_the_database_goes_away(tmp_path):
+    from tgx.store import StoreWarning
+
+    st = BenchmarkStore(f"sqlite:///{tmp_path}/s.db", best_effort=True)
+    st.add_trace(**_trace(median_s=1.0))
+    calls = []
+
+    def gone():
+        calls.append(1)
+        raise StoreError("connection lost")
+
+    st._current_generation = gone
+    with pytest.warns(StoreWarning, match="connection lost"):
+        assert st.best("g1", "w1", "e1")["median_s"] == 1.0
+    for _ in range(100):  # no new attempt per query (each could wait a connect timeout)
+        assert st.best("g1", "w1", "e1")["median_s"] == 1.0
+    assert len(calls) == 1 and st.add_trace(**_trace()) is None  # and no more writes
+
+
 def test_compiles_share_one_open_sql_store_per_url(tmp_path):
     from tgx.store import open_for_planning
 

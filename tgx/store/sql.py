@@ -54,6 +54,9 @@ from .url import StoreTarget, scrub
 #: seconds between generation checks when `refresh_s` is not given (a check is one query:
 #: ~7 µs on SQLite, a round trip on PostgreSQL)
 DEFAULT_REFRESH_S = {"sqlite": 0.0, "postgresql": 0.5}
+#: seconds a best-effort store (the one compile plans with) waits before it tries to reach a
+#: database again after a failed refresh, planning on its cache meanwhile
+RETRY_AFTER_S = 30.0
 #: PostgreSQL advisory lock key held while creating or migrating the schema
 _SCHEMA_LOCK = 0x7467785F73746F  # "tgx_sto"
 _CHUNK = 2000  # rows per INSERT statement group when copying a whole store
@@ -154,6 +157,7 @@ class SQLStore(BenchmarkStore):
             self._dispose()
             raise
         self._checked = time.monotonic()
+        self._retry_at = 0.0
 
     def _create_engine(self) -> sa.Engine:
         url = self._target.url
@@ -342,7 +346,7 @@ class SQLStore(BenchmarkStore):
         if self._closed:
             raise StoreError(f"benchmark store {self.url} is closed")
         now = time.monotonic()
-        if now - self._checked < self.refresh_s:
+        if now - self._checked < self.refresh_s or now < self._retry_at:
             return self._idx
         try:
             if self._current_generation() != self._gen:
@@ -353,6 +357,8 @@ class SQLStore(BenchmarkStore):
             if not self.best_effort or self._closed:
                 raise
             self._give_up_writing(err, "re-read")  # plan on what was read before
+            # a server that is down may take a connect timeout per try: not on every query
+            self._retry_at = now + RETRY_AFTER_S
         return self._idx
 
     def _current_generation(self) -> int:
