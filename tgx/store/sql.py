@@ -167,8 +167,7 @@ class SQLStore(BenchmarkStore):
             event.listen(engine, "begin", _sqlite_begin)
             return engine
         engine = sa.create_engine(url, pool_pre_ping=True, connect_args={
-            "connect_timeout": max(1, int(min(10.0, self.lock_timeout))),
-            "application_name": "tgx"})
+            "connect_timeout": self._connect_timeout(), "application_name": "tgx"})
         ms = int(self.lock_timeout * 1000)
 
         def on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -177,6 +176,9 @@ class SQLStore(BenchmarkStore):
             dbapi_conn.commit()
         event.listen(engine, "connect", on_connect)
         return engine
+
+    def _connect_timeout(self) -> int:
+        return max(1, int(min(10.0, self.lock_timeout)))
 
     def _sqlite_connect(self, dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None  # transactions are begun by `_sqlite_begin`
@@ -251,7 +253,10 @@ class SQLStore(BenchmarkStore):
         if version is not None and version > SCHEMA_VERSION:
             raise StoreVersionError(self.url, version)
         self._check_writable()
-        with self._errors("creating the schema"), self._sa.connect() as conn:
+        what = ("creating the schema" if version is None else
+                f"migrating the schema from version {version} to {SCHEMA_VERSION} (a role "
+                "that owns the tables must open it once)")
+        with self._errors(what), self._sa.connect() as conn:
             with conn.execution_options(tgx_write=True).begin():
                 if not self._sqlite:
                     conn.execute(sa.text("SELECT pg_advisory_xact_lock(:k)"),
@@ -369,6 +374,9 @@ class SQLStore(BenchmarkStore):
                 cargs, cparams = self._sa.dialect.create_connect_args(self._sa.url)
                 if self._sqlite:
                     cparams["timeout"] = self.lock_timeout
+                else:
+                    cparams.setdefault("connect_timeout", self._connect_timeout())
+                    cparams.setdefault("application_name", "tgx")
                 conn = self._sa.dialect.connect(*cargs, **cparams)
                 if self._sqlite:
                     conn.isolation_level = None
