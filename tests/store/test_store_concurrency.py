@@ -121,9 +121,9 @@ def _stuck_writer(url: str, mid_write) -> None:
 
 def _endless_writer(url: str, started, name: str) -> None:
     store = BenchmarkStore(url)
-    started.set()
     for n in range(10**6):
         store.add_traces(_rows(f"{name}b{n}", 0, BATCH))
+        started.set()  # a first batch is in: the kill lands among later ones
 
 
 def _kill(proc) -> None:
