@@ -37,8 +37,8 @@ from tgx.store import (
     sniff_environment,
 )
 from tgx.store.flashinfer import export_flashinfer
-from tgx.store.migrate import migrate_store
-from tgx.store.url import redact
+from tgx.store.migrate import migrate_store, open_existing
+from tgx.store.url import is_url, redact
 from tgx.store.names import graph_ops, signature, workload_name
 
 
@@ -47,8 +47,9 @@ class CliError(TgxError):
 
 
 def _store_path(path: str | None) -> str:
+    """The store to open: a path made absolute, or a store URL as it is."""
     if path:
-        return os.path.abspath(path)
+        return path.strip() if is_url(path) else os.path.abspath(path)
     try:
         return default_store_path()
     except StoreError as err:  # TGX_STORE=off
@@ -57,9 +58,12 @@ def _store_path(path: str | None) -> str:
 
 def _open_store(path: str | None, *, create: bool = False) -> Any:
     target = _store_path(path)
-    if not create and not os.path.exists(target):
-        raise CliError(f"no benchmark store at {target} (give --store PATH or set $TGX_STORE)")
-    return BenchmarkStore(target)
+    if create:
+        return BenchmarkStore(target)
+    try:
+        return open_existing(target)
+    except StoreError as err:
+        raise CliError(f"{err} (give --store PATH or URL, or set $TGX_STORE)") from None
 
 
 def _cmd_env(args: argparse.Namespace) -> int:

@@ -280,3 +280,16 @@ def test_every_command_and_option_is_in_the_docs_table():
                 for flag in flags:
                     assert flag in table or flag in doc, (words, flag)
     assert "`tgx --version`" in table
+
+
+def test_store_commands_take_store_urls(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("sqlalchemy")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    BenchmarkStore(url).close()
+    assert main(["store", "stats", "--store", url]) == 0
+    assert "schema" in capsys.readouterr().out
+    monkeypatch.setenv("TGX_STORE", url)
+    assert main(["store", "list"]) == 0
+    assert "0 traces" in capsys.readouterr().out
+    assert main(["store", "stats", "--store", f"sqlite:///{tmp_path / 'none.db'}"]) != 0
+    assert "no benchmark store" in capsys.readouterr().err
