@@ -68,11 +68,21 @@ def check(cond: bool, message: Callable[[], str] | str, exc: type[Exception] = S
         raise exc(message() if callable(message) else message)
 
 
+def user_code_frame(depth: int = 1):
+    """The innermost frame outside the tgx package, from `depth` frames up (1: the caller of
+    this function) outwards, or None (errors point at the user's line; `tracing.user_frame`
+    builds its `SourceInfo` from it)."""
+    f = sys._getframe(depth)
+    while f is not None and f.f_code.co_filename.startswith(_TGX_DIR):
+        f = f.f_back
+    return f
+
+
+_TGX_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
 def user_site() -> str:
     """` (at file:line)` of the innermost caller outside the tgx package, for errors raised
     below the tracing layer (which has the full `user_frame`)."""
-    root = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    f = sys._getframe(1)
-    while f is not None and f.f_code.co_filename.startswith(root):
-        f = f.f_back
+    f = user_code_frame(2)
     return "" if f is None else f" (at {f.f_code.co_filename}:{f.f_lineno})"

@@ -70,9 +70,10 @@ class Compiled:
         # tree -> per state argument: (name, its leaf indices, its tree structure)
         self._state_leaves: dict[Any, tuple] = {}
         try:
-            self._params = list(inspect.signature(fn).parameters)
+            self._signature = inspect.signature(fn)
         except (TypeError, ValueError):
-            self._params = []
+            self._signature = None
+        self._params = [] if self._signature is None else list(self._signature.parameters)
         unknown = set(self.dynamic) - set(self._params)
         if unknown and self._params:
             raise OptionError(f"dynamic names unknown arguments {sorted(unknown)} of "
@@ -200,7 +201,7 @@ class Compiled:
 
     def _with_static(self, args, kwargs) -> tuple:
         """(the compiled function for these static values, the other arguments by name)."""
-        sig = inspect.signature(self.fn)
+        sig = self._signature
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as e:

@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import os
-import sys
 from collections import OrderedDict, defaultdict, namedtuple
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -19,20 +17,15 @@ from typing import Any
 import numpy as np
 
 from .core import Eqn, Graph, Literal, Params, Primitive, SourceInfo, Trace, Var
-from .errors import DTypeError, TgxError, TracerControlFlowError
+from .errors import DTypeError, TgxError, TracerControlFlowError, user_code_frame
 from .shapes import ShapedArray, aval_of, dim_str, is_concrete, shape_str, user_dims
 
 # ---------------------------------------------------------------------------------------------
 # Source info: the first frame outside the tgx package
 
-_TGX_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
 def user_frame(depth: int = 1) -> SourceInfo | None:
     """The caller's file:line, skipping frames inside tgx (so errors point at user code)."""
-    f = sys._getframe(depth)
-    while f is not None and f.f_code.co_filename.startswith(_TGX_DIR):
-        f = f.f_back
+    f = user_code_frame(depth + 1)
     if f is None:
         return None
     return SourceInfo(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)

@@ -16,6 +16,7 @@ from ..core import PRIMITIVES
 from ..devices import Device
 from ..errors import DTypeError
 from ..primitives import transfer  # noqa: F401 - registers copy_to
+from ..primitives.linalg import free_axes
 from ..primitives.movement import dynamic_window
 from ..shapes import bfloat16, uint32
 from . import composites
@@ -115,14 +116,10 @@ def torch_convert(x, *, new_dtype, weak_type=False):
     return x.to(dt)
 
 
-def _free(ndim, contract, batch):
-    return [i for i in range(ndim) if i not in contract and i not in batch]
-
-
 @register_kernel("dot_general", NAME, checker=_no_uint32)
 def torch_dot_general(x, y, *, dimension_numbers):
     (lc, rc), (lb, rb) = dimension_numbers
-    lf, rf = _free(x.ndim, lc, lb), _free(y.ndim, rc, rb)
+    lf, rf = free_axes(x.ndim, lc, lb), free_axes(y.ndim, rc, rb)
     if x.dtype == torch.bool:
         raise DTypeError("bool dot_general")
     if not lb and lc == (x.ndim - 1,) and rc == (0,) and y.ndim == 2:  # (..., K) @ (K, N)

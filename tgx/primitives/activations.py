@@ -14,6 +14,7 @@ from ..core import Primitive
 from ..errors import DTypeError, ShapeError
 from ..shapes import ShapedArray, canonicalize_axis, is_float
 from . import ops
+from .derivatives import zero_scalar
 from .elementwise import _lowp, special
 from .math import abs_p, composite_unop, expm1_p, log1p_p, tanh_p
 
@@ -178,11 +179,7 @@ def _hardswish_decomp(x):
 # expression instead of the derivative of every step of the decomposition.
 
 
-def _zero(ct):
-    return np.zeros((), ops._aval(ct).dtype)
-
-
-relu_p.def_vjp(lambda ct, x, *, out: (ops.where(ops.greater(x, 0), ct, _zero(ct)),))
+relu_p.def_vjp(lambda ct, x, *, out: (ops.where(ops.greater(x, 0), ct, zero_scalar(ct)),))
 leaky_relu_p.def_vjp(lambda ct, x, *, out, negative_slope: (
     ops.where(ops.greater(x, 0), ct, ops.multiply(ct, negative_slope)),))
 elu_p.def_vjp(lambda ct, x, *, out, alpha: (
@@ -206,13 +203,14 @@ softplus_p.def_vjp(lambda ct, x, *, out, beta, threshold: (ops.where(
     ops.greater(ops.multiply(x, beta), threshold), ct,
     ops.multiply(ct, sigmoid_p.bind(ops.multiply(x, beta) if beta != 1 else x))),))
 hardtanh_p.def_vjp(lambda ct, x, *, out, min_val, max_val: (ops.where(ops.logical_and(
-    ops.greater(x, min_val), ops.less(x, max_val)), ct, _zero(ct)),))
+    ops.greater(x, min_val), ops.less(x, max_val)), ct, zero_scalar(ct)),))
 
 
 @hardswish_p.def_vjp
 def _hardswish_vjp(ct, x, *, out):
     mid = ops.multiply(ct, ops.add(ops.divide(x, 3.0), 0.5))
-    return (ops.where(ops.less_equal(x, -3.0), _zero(ct), ops.where(ops.less(x, 3.0), mid, ct)),)
+    return (ops.where(ops.less_equal(x, -3.0), zero_scalar(ct),
+                      ops.where(ops.less(x, 3.0), mid, ct)),)
 
 
 ACTIVATIONS = [relu_p, leaky_relu_p, elu_p, selu_p, celu_p, gelu_p, sigmoid_p, silu_p,

@@ -40,7 +40,7 @@ from .elementwise import (
     sqrt_p,
     sub_p,
 )
-from .linalg import dot_general_p
+from .linalg import dot_general_p, free_axes
 from .movement import (
     broadcast_in_dim_p,
     concatenate_p,
@@ -78,7 +78,8 @@ def unbroadcast(ct, like):
     return ct
 
 
-def _zero(x):
+def zero_scalar(x):
+    """A 0-d zero of `x`'s dtype (the unselected side of a `where` in a rule)."""
     return np.zeros((), _aval(x).dtype)
 
 
@@ -133,7 +134,7 @@ def _pow_vjp(ct, x, y, *, out):
 
 @select_p.def_vjp
 def _select_vjp(ct, pred, t, f, *, out):
-    zero = _zero(ct)
+    zero = zero_scalar(ct)
     return (None, unbroadcast(ops.where(pred, ct, zero), t),
             unbroadcast(ops.where(pred, zero, ct), f))
 
@@ -172,16 +173,12 @@ reduce_min_p.def_vjp(_extremum_vjp)
 # -- linear algebra --------------------------------------------------------------------------
 
 
-def _free(ndim, contract, batch):
-    return [i for i in range(ndim) if i not in contract and i not in batch]
-
-
 def _dot_transpose_lhs(ct, x, y, dimension_numbers, ans_y_last=True):
     """The cotangent of the lhs of dot_general: ct contracted with y over y's free axes, then
     its axes put back in the lhs order."""
     (xc, yc), (xb, yb) = dimension_numbers
     nx, ny = _aval(x).ndim, _aval(y).ndim
-    xk, yk = _free(nx, xc, xb), _free(ny, yc, yb)
+    xk, yk = free_axes(nx, xc, xb), free_axes(ny, yc, yb)
     nb = len(xb)
     # Axes of ct: batch, then the free axes of the operand on the left of the original product,
     # then those of the one on the right.
@@ -240,12 +237,12 @@ def _slice_vjp(ct, x, *, out, start_indices, limit_indices, strides=None):
     strides = strides or (1,) * len(xs)
     config = tuple((s, as_dim(d - s - (n - 1) * st - 1), st - 1)
                    for d, s, n, st in zip(xs, start_indices, os_, strides))
-    return (pad_p.bind(ct, _zero(ct), padding_config=config),)
+    return (pad_p.bind(ct, zero_scalar(ct), padding_config=config),)
 
 
 @pad_p.def_vjp
 def _pad_vjp(ct, x, v, *, out, padding_config):
-    unpadded = pad_p.bind(ct, _zero(ct), padding_config=tuple(
+    unpadded = pad_p.bind(ct, zero_scalar(ct), padding_config=tuple(
         (-lo, -hi, 0) for lo, hi, _ in padding_config))
     shape = _aval(unpadded).shape
     ct_x = slice_p.bind(unpadded, start_indices=(0,) * len(shape), limit_indices=tuple(shape),

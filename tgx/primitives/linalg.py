@@ -25,7 +25,8 @@ def _dot_general_flops(in_shapes, out_shapes, *, dimension_numbers) -> float:
     return 2.0 * math.prod(out_shapes[0]) * k
 
 
-def _free(ndim: int, contract, batch) -> list[int]:
+def free_axes(ndim: int, contract, batch) -> list[int]:
+    """The axes of a dot_general operand that are neither contracted nor batch, in order."""
     return [i for i in range(ndim) if i not in contract and i not in batch]
 
 
@@ -49,15 +50,16 @@ def _dot_general_shape(lhs: ShapedArray, rhs: ShapedArray, *, dimension_numbers)
                     f"dot_general requires {kind} dimensions of equal size, got "
                     f"{shape_str(lhs.shape)} and {shape_str(rhs.shape)} (axis {a} of lhs vs axis "
                     f"{b} of rhs)")
-    shape = (tuple(lhs.shape[i] for i in lb) + tuple(lhs.shape[i] for i in _free(lhs.ndim, lc, lb))
-             + tuple(rhs.shape[i] for i in _free(rhs.ndim, rc, rb)))
+    shape = (tuple(lhs.shape[i] for i in lb)
+             + tuple(lhs.shape[i] for i in free_axes(lhs.ndim, lc, lb))
+             + tuple(rhs.shape[i] for i in free_axes(rhs.ndim, rc, rb)))
     return ShapedArray(shape, lhs.dtype)
 
 
 @dot_general_p.def_impl
 def _dot_general_impl(lhs, rhs, *, dimension_numbers):
     (lc, rc), (lb, rb) = dimension_numbers
-    lf, rf = _free(lhs.ndim, lc, lb), _free(rhs.ndim, rc, rb)
+    lf, rf = free_axes(lhs.ndim, lc, lb), free_axes(rhs.ndim, rc, rb)
     # (batch, free, contract) @ (batch, contract, free) as one matmul
     lt = np.transpose(lhs, (*lb, *lf, *lc))
     rt = np.transpose(rhs, (*rb, *rc, *rf))

@@ -15,7 +15,7 @@ from ..core import Primitive
 from ..errors import DTypeError
 from ..shapes import ShapedArray, bool_, broadcast_shapes, finfo
 from . import ops
-from .derivatives import unbroadcast
+from .derivatives import unbroadcast, zero_scalar
 from .elementwise import _check_kind, _lowp, div_p, special
 
 
@@ -385,7 +385,7 @@ def _arctan2_vjp(ct, y, x, *, out):
 
 @clip_p.def_vjp
 def _clip_vjp(ct, x, lo, hi, *, out):
-    zero = np.zeros((), ops._aval(ct).dtype)
+    zero = zero_scalar(ct)
     below, above = ops.less(x, lo), ops.greater(x, hi)
     inside = ops.logical_not(ops.logical_or(below, above))
     return (unbroadcast(ops.where(inside, ct, zero), x),

@@ -92,8 +92,9 @@ class ReverseTrace(Trace):
 
 
 def _check_ct(prim: Primitive, primal: Any, ct: Any) -> Any:
-    """A rule's cotangent must have its primal's shape and dtype: a wrong rule fails here,
-    naming itself, instead of corrupting the gradient."""
+    """A rule's cotangent must have its primal's shape (a wrong rule fails here, naming
+    itself, instead of corrupting the gradient); its dtype is cast to the primal's (a rule
+    mixing in a weak Python scalar may widen it)."""
     pa, ca = ops._aval(primal), ops._aval(ct)
     if ca.dtype != pa.dtype:
         ct = ops.astype(ct, pa.dtype)
@@ -199,6 +200,16 @@ def vjp(f: Callable, *primals, has_aux: bool = False):
     return primal_out, vjp_fn
 
 
+def _at(f: Callable, args: Sequence, nums: Sequence[int], kwargs: dict | None = None):
+    """`f` as a function of `args[i]` for i in `nums` only, the other arguments fixed."""
+    def fixed(*diff_args):
+        full = list(args)
+        for i, a in zip(nums, diff_args):
+            full[i] = a
+        return f(*full, **(kwargs or {}))
+    return fixed
+
+
 def _argnums(argnums, n: int, fname: str) -> tuple:
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     for i in nums:
@@ -235,13 +246,7 @@ def value_and_grad(f: Callable, argnums: int | Sequence[int] = 0, has_aux: bool 
                                      f"differentiated (pass integers as a non-differentiated "
                                      f"argument){where(info)}")
 
-        def restricted(*diff_args):
-            full = list(args)
-            for i, a in zip(nums, diff_args):
-                full[i] = a
-            return f(*full, **kwargs)
-
-        res = vjp(restricted, *[args[i] for i in nums], has_aux=has_aux)
+        res = vjp(_at(f, args, nums, kwargs), *[args[i] for i in nums], has_aux=has_aux)
         out, pull = res[0], res[1]
         oa = ops._aval(_as_value(out)) if not isinstance(out, (tuple, list, dict)) else None
         if oa is None or oa.shape != () or not is_float(oa.dtype):
@@ -319,12 +324,7 @@ def jacrev(f: Callable, argnums: int = 0):
     """
 
     def jac(*args):
-        def fi(x):
-            full = list(args)
-            full[argnums] = x
-            return f(*full)
-
-        out, pull = vjp(fi, args[argnums])
+        out, pull = vjp(_at(f, args, (argnums,)), args[argnums])
         oa = ops._aval(out)
         rows = [pull(e)[0] for e in _basis(oa)]
         return ops.reshape(ops.stack(rows), oa.shape + ops._aval(args[argnums]).shape)
@@ -341,14 +341,9 @@ def jacfwd(f: Callable, argnums: int = 0):
     """
 
     def jac(*args):
-        def fi(x):
-            full = list(args)
-            full[argnums] = x
-            return f(*full)
-
         x = _as_value(args[argnums])
         xa = ops._aval(x)
-        cols = [jvp(fi, (x,), (e,))[1] for e in _basis(xa)]
+        cols = [jvp(_at(f, args, (argnums,)), (x,), (e,))[1] for e in _basis(xa)]
         out = ops.stack(cols, axis=-1)
         oa = ops._aval(cols[0])
         return ops.reshape(out, oa.shape + xa.shape)
