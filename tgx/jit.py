@@ -28,7 +28,14 @@ from .pipeline import plan_graph
 from .plan import Plan
 from .precision import check_precision
 from .planning.options import PlanOptions
-from .shapes import ShapedArray, Spec, shape_str, shapes_provably_equal
+from .shapes import (
+    ShapedArray,
+    Spec,
+    check_dim_value,
+    constrained_symbols,
+    shape_str,
+    shapes_provably_equal,
+)
 from .tracing import (
     arg_aval,
     leaf_names,
@@ -47,14 +54,15 @@ class Compiled:
     def __init__(self, fn: Callable, *, policy="fastest", backends=None, dynamic=None,
                  store=None, tolerance=None, memory_budget=None, return_backend_arrays=False,
                  weights=None, state=None, device="cpu", explore_budget=None,
-                 patterns=True, fuse=True, static_argnums=(), static_argnames=()):
+                 patterns=True, fuse=True, static_argnums=(), static_argnames=(),
+                 constraints=None):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self._kw = dict(policy=policy, backends=backends, dynamic=dynamic, store=store,
                         tolerance=tolerance, memory_budget=memory_budget,
                         return_backend_arrays=return_backend_arrays, weights=weights,
                         state=state, device=device, explore_budget=explore_budget,
-                        patterns=patterns, fuse=fuse)
+                        patterns=patterns, fuse=fuse, constraints=constraints)
         #: how every plan of this function is made (a new signature reuses them)
         self.options = PlanOptions.make(
             policy=policy, backends=backends, device=device, store=store, tolerance=tolerance,
@@ -63,6 +71,13 @@ class Compiled:
         if backends is not None or self.device != "cpu":  # a missing GPU fails here
             check_backends(backends, self.device)
         self.dynamic = dict(dynamic or {})
+        #: the constrained symbols of `dynamic` dims by name ("N >= 16" → N)
+        self._constrained = constrained_symbols(constraints)
+        named = {n for axes in self.dynamic.values() for n in axes.values()}
+        unused = set(self._constrained) - named
+        if unused:
+            raise OptionError(f"constraints name {sorted(unused)}, which no axis in dynamic= "
+                              f"does")
         self.trace_count = 0
         self._plans: dict[Any, Plan] = {}
         self._fast: dict[Any, Plan] = {}  # concrete (tree, shapes, dtypes) -> plan
@@ -163,7 +178,7 @@ class Compiled:
             if not -len(shape) <= ax < len(shape):
                 raise BindingError(f"argument {name}: dynamic axis {ax} ({sym}) out of range "
                                    f"for shape {shape_str(a.shape)}")
-            shape[ax] = sym
+            shape[ax] = self._constrained.get(sym, sym)
         return Spec(tuple(shape), a.dtype)
 
     def _plan(self, tree, avals, names, leaves=None) -> Plan:
@@ -175,9 +190,10 @@ class Compiled:
             dims = None
             if leaves is not None:  # choose at the first call's binding
                 dims = {}
-                for a, x in zip(avals, leaves):
-                    for d, n in zip(a.shape, getattr(x, "shape", ())):
+                for a, x, name in zip(avals, leaves, names):
+                    for ax, (d, n) in enumerate(zip(a.shape, getattr(x, "shape", ()))):
                         if type(d) is not int and getattr(d, "is_Symbol", False):
+                            check_dim_value(d, int(n), f"argument {name}: axis {ax}")
                             dims[d.name] = int(n)
             state = _state_pairs(graph, self._state_leaves.get(tree, ()),
                                  getattr(self.fn, "__name__", "the function"))
@@ -348,7 +364,8 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
             store=None, tolerance: float | None = None, memory_budget=None,
             return_backend_arrays: bool = False, weights=None, state=None,
             device: str = "cpu", explore_budget: float | None = None,
-            patterns: bool = True, fuse: bool = True, static_argnums=(), static_argnames=()):
+            patterns: bool = True, fuse: bool = True, static_argnums=(), static_argnames=(),
+            constraints=None):
     """Compile `fn`: trace per abstract signature, choose kernels, plan buffers, run flat.
 
     Usable as `@tgx.compile` or `@tgx.compile(backends=["torch"], dynamic={"x": {0: "N"}})`.
@@ -356,8 +373,11 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
     length, a flag): hashable, part of the cache key (each new value traces and plans anew),
     as in `jax.jit`.
     Axes declared in `dynamic` (argument name → {axis: symbol}) stay symbolic, so new sizes
-    reuse the plan. `memory_budget` (bytes, or {device: bytes}) raises `tgx.OutOfMemory`
-    before any kernel runs. `policy`: "fastest" (default: benchmark store, else cost model),
+    reuse the plan; `constraints` (["N >= 16", "N % 8 == 0"], as `tgx.Spec` takes them) narrow
+    the values of those symbols: shape comparisons use them at trace time, and a call that
+    violates one raises `tgx.BindingError`. `memory_budget` (bytes, or {device: bytes})
+    raises `tgx.OutOfMemory` before any kernel runs. `policy`: "fastest" (default: benchmark
+    store, else cost model),
     "explore" (profile unmeasured candidates now), "heuristic" (rules, no store);
     `store` (default `BenchmarkStore()`), `tolerance` (max measured relative error).
     `explore_budget` (seconds) bounds what "explore" spends measuring (half on kernels, the
@@ -411,7 +431,8 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
               tolerance=tolerance, memory_budget=memory_budget,
               return_backend_arrays=return_backend_arrays, weights=weights, state=state,
               device=device, explore_budget=explore_budget, patterns=patterns, fuse=fuse,
-              static_argnums=static_argnums, static_argnames=static_argnames)
+              static_argnums=static_argnums, static_argnames=static_argnames,
+              constraints=constraints)
     if fn is None:
         return lambda f: Compiled(f, **kw)
     return Compiled(fn, **kw)

@@ -23,6 +23,7 @@ import sympy
 from sympy.parsing.sympy_parser import parse_expr
 
 from .errors import (
+    BindingError,
     DTypeError,
     ShapeError,
     SymbolicShapeError,
@@ -39,19 +40,149 @@ Shape = tuple  # tuple[Dim, ...]
 
 
 @functools.cache
-def sym(name: str) -> sympy.Symbol:
-    """The positive integer symbol `name` (one object per name).
+def sym(name: str, lower: int = 1, multiple: int = 1) -> sympy.Symbol:
+    """The positive integer symbol `name` (one object per name and constraint): a plain
+    `sympy.Symbol` without a constraint, a `ConstrainedSymbol` with `lower`/`multiple`.
 
-    >>> sym("N") is sym("N")
-    True
+    >>> sym("N") is sym("N"), sym("N", lower=16) == sym("N")
+    (True, False)
     """
     if not name.isidentifier():
         raise SymbolicShapeError(f"a symbolic dim must be a name like 'N' or 'seq', got {name!r}")
-    return sympy.Symbol(name, integer=True, positive=True)
+    multiple = max(int(multiple), 1)
+    lower = multiple * max(-(-int(lower) // multiple), 1)  # the least value it can take
+    if lower == multiple == 1:
+        return sympy.Symbol(name, integer=True, positive=True)
+    return ConstrainedSymbol(name, lower, multiple)
 
 
-def as_dim(d: Any) -> Dim:
-    """Canonical dim: an int stays an int, a name becomes a symbol, an expression is expanded.
+class ConstrainedSymbol(sympy.Symbol):
+    """A symbolic dim that carries its constraint: every value is a multiple of `multiple`
+    and at least `lower` (itself a multiple of `multiple`). Both are part of the symbol's
+    identity (its hashable content), so `N` with `N >= 16` is not plain `N`, and the
+    constraint travels with the symbol through every graph, transform and cache. It prints as
+    its name. Make one with `sym(name, lower, multiple)` or `Spec(..., constraints=[...])`.
+
+    >>> n = sym("N", lower=10, multiple=8)
+    >>> n, n.lower, n.multiple, constraint_str(n)
+    (N, 16, 8, 'N >= 16, N % 8 == 0')
+    """
+
+    __slots__ = ("lower", "multiple")
+
+    def __new__(cls, name: str, lower: int, multiple: int):
+        obj = sympy.Symbol.__xnew__(cls, name, integer=True, positive=True)
+        obj.lower, obj.multiple = int(lower), int(multiple)
+        return obj
+
+    def __getnewargs_ex__(self):
+        return (self.name, self.lower, self.multiple), {}
+
+    def _hashable_content(self):
+        return super()._hashable_content() + (self.lower, self.multiple)
+
+
+def dim_bounds(s: sympy.Symbol) -> tuple[int, int]:
+    """(least value, multiple) of a symbolic dim: (1, 1) for a plain symbol.
+
+    >>> dim_bounds(sym("N")), dim_bounds(sym("N", lower=16, multiple=8))
+    ((1, 1), (16, 8))
+    """
+    return getattr(s, "lower", 1), getattr(s, "multiple", 1)
+
+
+def constraint_str(s: sympy.Symbol) -> str:
+    """The constraint of a symbolic dim as the user writes it ("N >= 16, N % 8 == 0").
+
+    >>> constraint_str(sym("N"))
+    'N >= 1'
+    """
+    lower, m = dim_bounds(s)
+    parts = [f"{s.name} >= {lower}"] if lower > m or m == 1 else []  # N % 8 == 0: N >= 8
+    return ", ".join(parts + ([f"{s.name} % {m} == 0"] if m > 1 else []))
+
+
+def check_dim_value(s: sympy.Symbol, value: int, what: str) -> None:
+    """Raise `BindingError` when binding `s` to `value` violates its constraint; `what` names
+    where the value came from ("argument x: axis 0").
+
+    >>> check_dim_value(sym("N", lower=16), 10, "argument x: axis 0")
+    Traceback (most recent call last):
+    tgx.errors.BindingError: argument x: axis 0 is N = 10, but N was declared with N >= 16
+    """
+    lower, m = dim_bounds(s)
+    if (lower > 1 or m > 1) and (value < lower or value % m):
+        raise BindingError(f"{what} is {s.name} = {value}, but {s.name} was declared with "
+                           f"{constraint_str(s)}")
+
+
+_SUPPORTED = ("supported constraints: `N >= c`, `N > c`, `c <= N`, `c < N` and `N % m == 0` "
+              "for one symbol N and integers c, m (several per symbol combine); dims are always "
+              ">= 1")
+_RELATION = re.compile(r"^(.*?)(>=|<=|==|>|<)(.*)$")
+
+
+def constrained_symbols(constraints: Iterable[str] | str | None) -> dict[str, sympy.Symbol]:
+    """{name: symbol carrying its constraint} for constraints such as "N >= 16" and
+    "N % 8 == 0" (the forms of `jax.export.symbolic_shape(constraints=)` that tgx can decide
+    with: lower bounds and divisibility, one symbol each).
+
+    >>> n = constrained_symbols(["N >= 10", "N % 8 == 0"])["N"]
+    >>> n.lower, n.multiple
+    (16, 8)
+    """
+    if isinstance(constraints, str):
+        constraints = [constraints]
+    bounds: dict[str, list[int]] = {}
+    for text in constraints or ():
+        name, lower, m = _parse_constraint(text)
+        b = bounds.setdefault(name, [1, 1])
+        b[0], b[1] = max(b[0], lower), math.lcm(b[1], m)
+    return {name: sym(name, lower, m) for name, (lower, m) in bounds.items()}
+
+
+def _parse_constraint(text: str) -> tuple[str, int, int]:
+    """(name, least value, multiple) of one constraint."""
+    if not isinstance(text, str):
+        raise SymbolicShapeError(f"a constraint is a string such as 'N >= 16', got {text!r}")
+    match = _RELATION.match(text.strip())
+    if match is None or match.group(3).startswith(("=", ">", "<")):
+        raise SymbolicShapeError(f"cannot read the constraint {text!r}; {_SUPPORTED}")
+    lhs, op, rhs = (_parse_side(match.group(1), text), match.group(2),
+                    _parse_side(match.group(3), text))
+    syms = (lhs - rhs).free_symbols
+    if len(syms) != 1:
+        raise SymbolicShapeError(f"unsupported constraint {text!r}: it must name exactly one "
+                                 f"symbol; {_SUPPORTED}")
+    (s,) = syms
+    if op == "==":
+        mod, zero = (lhs, rhs) if isinstance(lhs, sympy.Mod) else (rhs, lhs)
+        if (isinstance(mod, sympy.Mod) and zero == 0 and mod.args[0] == s
+                and mod.args[1].is_Integer and mod.args[1] > 0):
+            return s.name, 1, int(mod.args[1])
+        raise SymbolicShapeError(f"unsupported constraint {text!r}; {_SUPPORTED}")
+    diff = sympy.expand(lhs - rhs if op in (">=", ">") else rhs - lhs)  # diff >= 0 (or > 0)
+    poly = sympy.Poly(diff, s) if not diff.has(sympy.Mod, sympy.floor, sympy.ceiling) else None
+    if poly is None or poly.degree() != 1 or not all(c.is_Integer for c in poly.all_coeffs()):
+        raise SymbolicShapeError(f"unsupported constraint {text!r}; {_SUPPORTED}")
+    a, b = (int(c) for c in poly.all_coeffs())
+    if a < 0:
+        raise SymbolicShapeError(f"unsupported constraint {text!r}: tgx cannot decide with an "
+                                 f"upper bound; {_SUPPORTED}")
+    bound = -b + (1 if op in (">", "<") else 0)  # a*N >= bound
+    return s.name, -(-bound // a), 1
+
+
+def _parse_side(text: str, whole: str) -> sympy.Expr:
+    try:
+        return sympy.sympify(_parse_dim(text))
+    except SymbolicShapeError:
+        raise SymbolicShapeError(f"cannot read the constraint {whole!r}; {_SUPPORTED}") from None
+
+
+def as_dim(d: Any, symbols: dict | None = None) -> Dim:
+    """Canonical dim: an int stays an int, a name becomes a symbol (from `symbols`, {name:
+    constrained symbol}, when there), an expression is expanded.
 
     >>> as_dim("N"), as_dim(3), as_dim(sym("N") * 2 + 0)
     (N, 3, 2*N)
@@ -63,14 +194,22 @@ def as_dim(d: Any) -> Dim:
     if isinstance(d, SymDim):
         return d.expr
     if isinstance(d, str):
-        return sym(d) if d.isidentifier() else _canon_expr(_parse_dim(d))
+        if d.isidentifier():
+            return symbols[d] if symbols and d in symbols else sym(d)
+        return _canon_expr(_parse_dim(d, symbols))
     if isinstance(d, sympy.Basic):
         return _canon_expr(d)
     raise ShapeError(f"a dim must be an int, a symbol name or a sympy expression, got {d!r}")
 
 
-def _parse_dim(text: str) -> sympy.Expr:
-    """A dim expression such as "2*N" or "N + 1" over positive integer symbols."""
+def _parse_dim(text: str, symbols: dict | None = None) -> sympy.Expr:
+    """A dim expression such as "2*N" or "N + 1" over positive integer symbols (`symbols`:
+    the constrained ones by name). Read by sympy's parser with only the names in `text` and
+    `Integer` in scope, never `eval`."""
+    symbols = symbols or {}
+    if not re.fullmatch(r"[\w\s+\-*/%()]*", text) or "__" in text:
+        raise SymbolicShapeError(f"cannot read the dim {text!r}: a dim expression holds names, "
+                                 f"integers, + - * / // % and parentheses")
     names = {n: sym(n) for n in re.findall(r"[A-Za-z_]\w*", text)}
     try:
         e = parse_expr(text, local_dict=names, global_dict={"Integer": sympy.Integer})
@@ -79,7 +218,7 @@ def _parse_dim(text: str) -> sympy.Expr:
     if not isinstance(e, sympy.Expr) or not e.free_symbols and not e.is_Integer:
         raise SymbolicShapeError(f"a dim expression must be an integer expression over "
                                  f"symbols, got {text!r}")
-    e = e.xreplace({s: sym(s.name) for s in e.free_symbols})
+    e = e.xreplace({s: symbols.get(s.name) or sym(s.name) for s in e.free_symbols})
     if not e.is_integer and e.is_integer is not None:
         raise SymbolicShapeError(f"the dim {text!r} is not an integer")
     return e
@@ -88,9 +227,41 @@ def _parse_dim(text: str) -> sympy.Expr:
 @functools.lru_cache(maxsize=65536)
 def _canon_expr(e: sympy.Expr) -> Dim:
     e = sympy.expand(e)
+    if e.has(*_ROUNDING) and any(isinstance(s, ConstrainedSymbol) for s in e.free_symbols):
+        e = _simplify_rounding(e)
     if e.is_Integer:
         return int(e)
     return e
+
+
+_ROUNDING = (sympy.floor, sympy.ceiling, sympy.Mod)
+
+
+def _shift_map(syms) -> dict:
+    """{N: m*(t + lower/m)} with t a nonnegative integer for each positive symbol N: every
+    value N can take is one value of t, so a fact sympy proves for all t >= 0 holds for all N
+    (plain symbols: N = t + 1)."""
+    out = {}
+    for s in syms:
+        if s.is_positive:
+            lower, m = dim_bounds(s)
+            t = sympy.Symbol(s.name + "_", integer=True, nonnegative=True)
+            out[s] = m * (t + lower // m)
+    return out
+
+
+def _shifted(e: sympy.Expr) -> sympy.Expr:
+    return sympy.expand(e.xreplace(_shift_map(e.free_symbols)))
+
+
+def _simplify_rounding(e: sympy.Expr) -> sympy.Expr:
+    """floor, ceiling and Mod that a constraint removes (`N // 8` is `N/8` when `N % 8 == 0`,
+    `N % 8` is 0): shift, let sympy simplify, shift back; kept only when no rounding is left."""
+    fwd = _shift_map(e.free_symbols)
+    back = {t.free_symbols.pop(): s / dim_bounds(s)[1] - dim_bounds(s)[0] // dim_bounds(s)[1]
+            for s, t in fwd.items()}
+    out = sympy.expand(sympy.expand(e.xreplace(fwd)).xreplace(back))
+    return e if out.has(*_ROUNDING) else out
 
 
 def is_concrete(d: Dim) -> bool:
@@ -120,6 +291,11 @@ def _sym_eq(a: Dim, b: Dim) -> bool:
     if diff == 0:
         return True
     zero = diff.is_zero
+    if zero is None and _is_constrained(diff):  # N = 8*(t + 2): floor(N/8)*8 - N is 0
+        shifted = _shifted(diff)
+        zero = True if shifted == 0 else shifted.is_zero
+    if zero is True:
+        return True
     if zero is False:
         return False
     raise SymbolicShapeError(
@@ -140,13 +316,16 @@ def _sym_ge(a: Dim, b: Dim) -> bool:
     diff = sympy.expand(sympy.sympify(a) - sympy.sympify(b))
     nonneg = diff.is_nonnegative
     if nonneg is None:
-        # Symbols are >= 1: substitute s = t + 1 with t >= 0 and try again.
-        shifted = sympy.expand(diff.subs({s: sympy.Symbol(s.name + "_", integer=True,
-                                                         nonnegative=True) + 1
-                                         for s in diff.free_symbols}))
+        # Symbols are >= their least value (1 unless constrained): substitute
+        # s = m*(t + lower/m) with t >= 0 and try again.
+        shifted = _shifted(diff)
         nonneg = shifted.is_nonnegative
         if nonneg is None and shifted.is_negative:
             nonneg = False
+        if nonneg is None and shifted.has(sympy.floor):
+            low = _floor_lower_bound(shifted)  # over the t's, which are >= 0 already
+            if low is not None and low.is_nonnegative:
+                nonneg = True
     if nonneg is None and diff.has(sympy.floor):
         low = _floor_lower_bound(diff)
         if low is not None and _sym_ge(low, 0):
@@ -176,6 +355,10 @@ def _floor_lower_bound(diff):
     return sympy.expand(out)
 
 
+def _is_constrained(e) -> bool:
+    return any(isinstance(s, ConstrainedSymbol) for s in e.free_symbols)
+
+
 def dim_str(d: Dim) -> str:
     if type(d) is int:
         return str(d)
@@ -189,7 +372,8 @@ def _unwrap(d):
 class SymDim:
     """A symbolic dim as traced code sees it (`x.shape[0]` when axis 0 is `N`).
 
-    Comparisons are decided for every binding of the symbols (all >= 1) or raise
+    Comparisons are decided for every binding of the symbols (all >= 1, or as constrained) or
+    raise
     `SymbolicShapeError` naming both sides and the user's line: `x.shape[0] == 4` cannot be
     answered at trace time, and answering False would bake one branch into a plan that also
     serves N = 4. Arithmetic stays symbolic (`x.shape[0] // 2` slices fine), and no Python int
@@ -215,8 +399,9 @@ class SymDim:
             raise SymbolicShapeError(
                 f"{e} (comparing dims: {dim_str(self)} {op} {dim_str(_unwrap(other))}){user_site()}"
                 f"; the branch would hold for some sizes only. Make the dim concrete (drop it "
-                f"from `dynamic=` / use a number in the Spec), or compute both branches and "
-                f"select with tnp.where") from None
+                f"from `dynamic=` / use a number in the Spec), declare a constraint that "
+                f"decides it (`constraints=[\"N >= 16\"]` on the Spec or tgx.compile), or "
+                f"compute both branches and select with tnp.where") from None
 
     def __eq__(self, other):
         if not isinstance(other, (int, np.integer, SymDim, sympy.Basic)):
@@ -315,6 +500,28 @@ def user_dims(shape: Shape) -> tuple:
     return tuple(d if type(d) is int else SymDim(d) for d in shape)
 
 
+def check_one_symbol_per_name(avals, names: Sequence[str]) -> None:
+    """Raise `SymbolicShapeError` when two of `avals` (named `names`) use two different symbols
+    of one name (`N` constrained in one Spec, plain or constrained otherwise in another): one
+    name must mean one dim.
+
+    >>> check_one_symbol_per_name([Spec(("N",)), Spec(("N",), constraints="N >= 2")], "xy")
+    ... # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    tgx.errors.SymbolicShapeError: the dim N is declared twice, differently: N >= 1 in x, ...
+    """
+    seen: dict[str, tuple] = {}
+    for aval, name in zip(avals, names):
+        for s in sorted(free_symbols(aval.shape), key=str):
+            first = seen.setdefault(s.name, (s, name))
+            if first[0] != s:
+                raise SymbolicShapeError(
+                    f"the dim {s.name} is declared twice, differently: "
+                    f"{constraint_str(first[0])} in {first[1]}, {constraint_str(s)} in {name}; "
+                    f"declare its constraints once (the same constraints on every Spec that "
+                    f"names it)")
+
+
 def shape_str(shape: Shape) -> str:
     return "(" + ", ".join(dim_str(d) for d in shape) + ("," if len(shape) == 1 else "") + ")"
 
@@ -334,7 +541,7 @@ def dim_div(a: Dim, b: Dim, what: str) -> Dim:
             raise ShapeError(f"{what}: {a} is not divisible by {b}")
         return a // b
     q = sympy.cancel(sympy.sympify(a) / sympy.sympify(b))
-    if q.is_integer is not True:
+    if q.is_integer is not True and not (_is_constrained(q) and _shifted(q).is_integer):
         raise SymbolicShapeError(
             f"{what}: cannot show that {dim_str(a)} is divisible by {dim_str(b)}")
     return as_dim(q)
@@ -354,13 +561,24 @@ HINT = 64
 
 
 def hint_binding(avals) -> dict[str, int]:
-    """{name: HINT} for every symbol in the shapes of `avals`, sorted by name.
+    """{name: HINT} for every symbol in the shapes of `avals`, sorted by name (for a
+    constrained symbol, the least value >= HINT that satisfies its constraint).
 
-    >>> hint_binding([ShapedArray((sym("N"), 3), float32)])
-    {'N': 64}
+    >>> hint_binding([ShapedArray((sym("N"), sym("M", lower=100)), float32)])
+    {'M': 100, 'N': 64}
     """
     syms = set().union(*[free_symbols(a.shape) for a in avals]) if avals else set()
-    return {s.name: HINT for s in sorted(syms, key=lambda s: s.name)}
+    return {s.name: hint_value(s) for s in sorted(syms, key=lambda s: s.name)}
+
+
+def hint_value(s: sympy.Symbol) -> int:
+    """HINT, or the least value above it that satisfies `s`'s constraint.
+
+    >>> hint_value(sym("N")), hint_value(sym("N", multiple=48))
+    (64, 96)
+    """
+    lower, m = dim_bounds(s)
+    return max(lower, m * -(-HINT // m))
 
 
 def eval_dim(d: Dim, env: dict) -> int:
@@ -601,15 +819,29 @@ class ShapedArray:
         return self.str_short()
 
 
-def Spec(shape: Sequence[Any], dtype: Any = "float32") -> ShapedArray:
-    """An abstract argument for tracing: each dim an int or a symbol name.
+def Spec(shape: Sequence[Any], dtype: Any = "float32",
+         constraints: Iterable[str] | str | None = None) -> ShapedArray:
+    """An abstract argument for tracing: each dim an int, a symbol name or an expression over
+    names ("2*N"). Every symbol is an integer >= 1; `constraints` narrow the ones this shape
+    names: "N >= 16", "N > 15", "16 <= N", "N % 8 == 0" (lower bounds and divisibility, one
+    symbol each). Comparisons and shape rules use them (`x[: N - 8]` is valid when N >= 16), and
+    a call binding N to a size that violates them raises `BindingError`.
 
     >>> Spec(("N", 640), "float32")
     f32[N,640]
+    >>> x = Spec(("N", "2*N"), constraints=["N >= 16", "N % 8 == 0"])
+    >>> x, x.shape[0].lower, x.shape[0].multiple
+    (f32[N,2*N], 16, 8)
     """
     if isinstance(shape, (int, str)):
         shape = (shape,)
-    return ShapedArray(tuple(as_dim(d) for d in shape), as_dtype(dtype))
+    symbols = constrained_symbols(constraints)
+    dims = tuple(as_dim(d, symbols) for d in shape)
+    unused = set(symbols) - {s.name for s in free_symbols(dims)}
+    if unused:
+        raise SymbolicShapeError(f"constraints name {', '.join(sorted(unused))}, which the "
+                                 f"shape {shape_str(dims)} does not mention")
+    return ShapedArray(dims, as_dtype(dtype))
 
 
 def aval_of(x: Any) -> ShapedArray:

@@ -18,7 +18,16 @@ import numpy as np
 
 from .core import Eqn, Graph, Literal, Params, Primitive, SourceInfo, Trace, Var
 from .errors import DTypeError, TgxError, TracerControlFlowError, user_code_frame
-from .shapes import ShapedArray, aval_of, dim_str, is_concrete, shape_str, user_dims
+from .shapes import (
+    ShapedArray,
+    aval_of,
+    check_one_symbol_per_name,
+    dim_str,
+    is_concrete,
+    is_concrete_shape,
+    shape_str,
+    user_dims,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Source info: the first frame outside the tgx package
@@ -512,6 +521,10 @@ def trace_to_graph(f: Callable, in_avals_tree: Any, hints: list | None = None,
     is recorded on every equation instead of the caller's line (decompositions keep the line of
     the equation they expand)."""
     leaves, in_tree = tree_flatten(in_avals_tree)
+    if any(isinstance(a, ShapedArray) and not is_concrete_shape(a.shape) for a in leaves):
+        check_one_symbol_per_name([a for a in leaves if isinstance(a, ShapedArray)],
+                                  [n for a, n in zip(leaves, leaf_names(in_tree, len(leaves)))
+                                   if isinstance(a, ShapedArray)])
     with GraphBuilder() as b:
         b.source_override = source_info
         tracers = [b.new_arg(a, (hints or [None] * len(leaves))[i]) for i, a in enumerate(leaves)]

@@ -28,7 +28,7 @@ import numpy as np
 from ..backends import backend_of, get_backend, to_host
 from ..core import pp_eqn, var_namer
 from ..errors import BindingError, DTypeError, KernelError
-from ..shapes import ShapedArray, eval_dim, shape_str
+from ..shapes import ShapedArray, check_dim_value, eval_dim, shape_str
 from ..transforms.evaluate import bind_dims
 from .codegen import RunFunction, generate
 from .memory import ALIGNMENT
@@ -218,6 +218,9 @@ class CompiledGraph:
         if spec is not None:
             return spec
         dims = dict(zip(self.symbols, key))
+        if self._sources is not None:  # _key read the sizes without bind_dims' checks
+            for s, v, (i, ax) in zip(self.symbols, key, self._sources):
+                check_dim_value(s, v, f"argument {self.in_names[i]}: axis {ax}")
         names = {s.name: v for s, v in dims.items()}
         views: dict[int, Any] = {}
         workspace = {}

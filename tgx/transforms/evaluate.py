@@ -14,17 +14,30 @@ import sympy
 
 from ..core import Graph, Literal, Var
 from ..errors import BindingError, DTypeError, KernelError
-from ..shapes import ShapedArray, aval_of, concretize, dim_str, eval_dim, shape_str
+from ..shapes import (
+    ShapedArray,
+    aval_of,
+    check_dim_value,
+    concretize,
+    dim_str,
+    eval_dim,
+    shape_str,
+)
 from ..tracing import leaf_names, tree_flatten, tree_unflatten, where
 
 
 def bind_dims(avals: Sequence[ShapedArray], args: Sequence[Any],
               names: Sequence[str] | None = None) -> dict:
-    """Bind each symbol in `avals` to the matching size of `args` → {symbol: int}.
+    """Bind each symbol in `avals` to the matching size of `args` → {symbol: int}; a size
+    that violates a symbol's constraint (`Spec(..., constraints=["N >= 16"])`) is a
+    `BindingError` naming the argument, the axis and the constraint.
 
     >>> from tgx.shapes import Spec, sym
     >>> bind_dims([Spec(("N", 3))], [np.zeros((5, 3))])
     {N: 5}
+    >>> bind_dims([Spec(("N",), constraints="N % 4 == 0")], [np.zeros(6)], ["x"])
+    Traceback (most recent call last):
+    tgx.errors.BindingError: argument x: axis 0 is N = 6, but N was declared with N % 4 == 0
     """
     names = names or [f"#{i}" for i in range(len(avals))]
     env: dict = {}
@@ -44,6 +57,8 @@ def bind_dims(avals: Sequence[ShapedArray], args: Sequence[Any],
                 if d in env and env[d] != n:
                     raise BindingError(f"symbolic dim {d} gets two values: {d} = {env[d]} from "
                                        f"{source[d]}, {d} = {n} from {name}")
+                if d not in env:
+                    check_dim_value(d, n, f"argument {name}: axis {ax}")
                 env[d] = n
                 source.setdefault(d, name)
             else:
