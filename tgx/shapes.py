@@ -47,10 +47,15 @@ def sym(name: str, lower: int = 1, multiple: int = 1) -> sympy.Symbol:
     >>> sym("N") is sym("N"), sym("N", lower=16) == sym("N")
     (True, False)
     """
-    if not name.isidentifier():
-        raise SymbolicShapeError(f"a symbolic dim must be a name like 'N' or 'seq', got {name!r}")
     multiple = max(int(multiple), 1)
     lower = multiple * max(-(-int(lower) // multiple), 1)  # the least value it can take
+    return _symbol(name, lower, multiple)
+
+
+@functools.cache
+def _symbol(name: str, lower: int, multiple: int) -> sympy.Symbol:
+    if not name.isidentifier():
+        raise SymbolicShapeError(f"a symbolic dim must be a name like 'N' or 'seq', got {name!r}")
     if lower == multiple == 1:
         return sympy.Symbol(name, integer=True, positive=True)
     return ConstrainedSymbol(name, lower, multiple)

@@ -522,9 +522,9 @@ def trace_to_graph(f: Callable, in_avals_tree: Any, hints: list | None = None,
     the equation they expand)."""
     leaves, in_tree = tree_flatten(in_avals_tree)
     if any(isinstance(a, ShapedArray) and not is_concrete_shape(a.shape) for a in leaves):
+        names = leaf_names(in_tree, len(leaves), arg_names=positional_names(f, len(leaves)))
         check_one_symbol_per_name([a for a in leaves if isinstance(a, ShapedArray)],
-                                  [n for a, n in zip(leaves, leaf_names(in_tree, len(leaves)))
-                                   if isinstance(a, ShapedArray)])
+                                  [n for a, n in zip(leaves, names) if isinstance(a, ShapedArray)])
     with GraphBuilder() as b:
         b.source_override = source_info
         tracers = [b.new_arg(a, (hints or [None] * len(leaves))[i]) for i, a in enumerate(leaves)]
