@@ -16,7 +16,7 @@ import pytest
 
 from tgx.cli import main
 from tgx.profiling import profile_many
-from tgx.profiling.pending import flagged_jobs, pending_jobs
+from tgx.profiling.pending import flagged_jobs, pending_jobs, refused_record
 from tgx.profiling.runner import REFUSED, profile, store_specs
 from tgx.store import BenchmarkStore, StoreError, schema
 
@@ -58,8 +58,10 @@ def test_a_planted_row_never_imports_or_runs_code(store_url, canary):
                 "module": ("numpy:negative", canary["module"]),
                 "both": (canary["module"], "os:system")})
     jobs = pending_jobs(st, "env-test")
-    assert len(jobs) == 4
-    recs = profile_many(jobs, store=st, progress=False)
+    # jobs are data: no function, no spec to resolve, only what to refuse
+    assert len(jobs) == 4 and all("fn" not in j and "golden" not in j for j in jobs)
+    recs = [refused_record(j, "env-test") for j in jobs]
+    st.add_traces(recs)
     assert [r["status"] for r in recs] == ["RUNTIME_ERROR"] * 4
     assert all(r["log"].startswith(REFUSED) and "Nothing was imported or run" in r["log"]
                for r in recs)
@@ -74,9 +76,12 @@ def test_refused_also_in_a_child_process_and_through_the_cli(tmp_path, canary, m
     url = f"sqlite:///{tmp_path}/s.db"
     with BenchmarkStore(url) as st:
         _plant(st, {"sys": ("os:system", None), "file": (canary["file"], None)})
-        recs = profile_many(pending_jobs(st, "env-a"), store=st, progress=False,
-                            isolate=True, timeout_s=5)
+        recs = [refused_record(j, "env-a") for j in pending_jobs(st, "env-a")]
         assert [r["log"][:len(REFUSED)] for r in recs] == [REFUSED] * 2
+        # a spec the store holds, given as a job: refused too, also for a child process
+        recs = profile_many([("os:system", (np.zeros(4, np.float32),))], store=st,
+                            progress=False, isolate=True, timeout_s=5)
+        assert recs[0]["log"].startswith(REFUSED)
         rec = profile("os:system", (np.zeros(4, np.float32),), store=st, graph_hash="g")
         assert rec["log"].startswith(REFUSED)
     monkeypatch.setenv("TGX_STORE", url)

@@ -1,11 +1,10 @@
-"""Pending implementations: what ``tgx profile --pending`` measures.
+"""Pending work: what ``tgx profile --pending`` and ``tgx profile --ray`` measure.
 
-Convention (store API only, no schema change): an implementation is *profilable* when its
-``requirements`` hold ``"pending": true``, ``"entry": "module.path:function"`` (the
-candidate) and ``"graph_hash"``, optionally ``"golden": "module.path:function"`` (a NumPy
-reference) and ``"workloads"`` (workload keys). Its workloads are those listed plus every
-workload of that graph already traced on any machine. A (graph, implementation, workload)
-is *pending* on this machine while the store has no trace of it for this environment.
+A store job is data, never code (docs/store.md, "A row is data, never code"): a dict naming
+a (graph, workload, implementation) triple, the kernel by (name, backend, variant, label)
+and the one-equation graph it runs (`describe_equation`'s data). `pending_jobs` lists them;
+`resolve_kernel` finds the kernel in this process's registry, by source hash too, or
+nothing; `store_job`/`measure_job` turn a resolved job into a profiler job or a trace.
 Inputs are drawn from the workload's input descriptors with a fixed seed.
 """
 
@@ -31,7 +30,8 @@ from ..backends.threads import one_blas_thread
 from ..tracing import GraphBuilder
 from .accuracy import DEFAULT_ATOL
 from .accuracy import golden as compute_golden
-from .runner import profile
+from .runner import _refused, profile
+from .speedup import fill_speedup, is_reference
 
 
 def random_inputs(inputs: list, seed: int = 0) -> tuple:
@@ -57,12 +57,108 @@ def random_inputs(inputs: list, seed: int = 0) -> tuple:
     return tuple(out)
 
 
-def pending_jobs(store: Any, env_id: str) -> list[dict]:
-    """`profile_many` jobs for every pending (graph, implementation, workload) on `env_id`."""
-    jobs = []
+def pending_jobs(store: Any, env_id: str, *, unprofiled: bool = False) -> list[dict]:
+    """The work the store holds for environment `env_id`, as data (nothing is resolved,
+    imported or run): one job per (graph, workload, implementation) with no trace on
+    `env_id` yet, references (`is_reference`) first.
+
+    Each job is ``{"graph_hash", "workload", "impl", "kernel": {"name", "backend",
+    "variant", "label"}, "equation", "flags", "label"}``: the pending flags of `env_id`
+    (``flags``: their keys, cleared once measured) and, with `unprofiled`, every other triple
+    the store can describe (flagged for another environment, or traced on one) whose
+    one-equation graph the store holds at that workload. An implementation row in the
+    former form, whose ``requirements`` name code (``"entry"``, ``"golden"``), becomes
+    ``{"refuse": [specs], ...}``: recorded as refused, never run (`refused_record`).
+
+    >>> import tempfile, os
+    >>> from tgx.store import BenchmarkStore, schema
+    >>> eq = {"primitive": "neg", "params": {}, "inputs": [[[4], "float32"]], "axes": {}}
+    >>> with tempfile.TemporaryDirectory() as d, BenchmarkStore(os.path.join(d, "s.json")) as st:
+    ...     st.add_pending([schema.make_pending("g", "w", "neg@numpy#1", "env-a", {
+    ...         "name": "neg", "backend": "numpy", "variant": "default", "label": "neg"}, eq)])
+    ...     [(j["impl"], j["kernel"]["backend"], j["flags"]) for j in pending_jobs(st, "env-a")]
+    1
+    [('neg@numpy#1', 'numpy', ['g|w|neg@numpy#1|env-a'])]
+    """
+    jobs: dict[tuple, dict] = {}
+    flags = store.pending()
+    equations: dict[tuple, dict] = {}
+    for rec in flags:
+        equations.setdefault((rec["graph_hash"], rec["workload"]), rec["equation"])
+
+    def add(g: str, w: str, impl: str, kernel: dict, equation: dict) -> dict | None:
+        if store.measured(g, impl, w, env_id) is not None:
+            return None
+        job = jobs.get((g, w, impl))
+        if job is None:
+            job = jobs[(g, w, impl)] = {
+                "graph_hash": g, "workload": w, "impl": impl, "kernel": dict(kernel),
+                "equation": equation, "flags": [],
+                "label": f"{_equation_name(equation)} on {kernel.get('label')}@"
+                         f"{kernel.get('backend')}"}
+        return job
+
+    for rec in flags:
+        if rec["env_id"] == env_id or unprofiled:
+            job = add(rec["graph_hash"], rec["workload"], rec["impl"], rec["kernel"],
+                      rec["equation"])
+            if job is not None and rec["env_id"] == env_id:
+                job["flags"].append(rec["key"])
+    if unprofiled:
+        for t in store.traces():
+            g, w, impl = t["graph_hash"], t["workload"], t["impl"]
+            if (g, w, impl) in jobs:
+                continue
+            eq = equations.get((g, w))
+            if eq is None:
+                eq = equations[(g, w)] = _stored_equation(store, g, w) or {}
+            kernel = _kernel_of(store.get_implementation(impl), eq)
+            if kernel is not None:
+                add(g, w, impl, kernel, eq)
+    out = sorted(jobs.values(), key=lambda j: not is_reference(j["impl"]))
+    return out + _legacy_jobs(store, env_id)
+
+
+def _equation_name(desc: dict) -> str:
+    inputs = [(d[0], d[1]) for d in desc.get("inputs", ()) if not isinstance(d, dict)]
+    return signature(desc.get("primitive", "?"), inputs)
+
+
+def _stored_equation(store: Any, graph_hash: str, workload: str) -> dict | None:
+    """The equation a flagged graph's record keeps, if it is the one of `workload` (same
+    axes and inputs: a graph's record holds the binding it was first flagged at)."""
+    g, wl = store.get_graph(graph_hash), store.get_workload(workload)
+    eq = (g or {}).get("equation")
+    if not eq or wl is None:
+        return None
+    inputs = [[list(d[0]), d[1]] for d in eq.get("inputs", ()) if not isinstance(d, dict)]
+    same = (dict(eq.get("axes") or {}) == dict(wl["axes"])
+            and inputs == [[list(s), dt] for s, dt in wl["inputs"]])
+    return eq if same else None
+
+
+def _kernel_of(impl: dict | None, equation: dict) -> dict | None:
+    """The kernel descriptor of a KERNEL implementation record on `equation`'s primitive."""
+    if not impl or impl.get("kind") != "KERNEL" or not equation.get("primitive"):
+        return None
+    label = impl["name"]
+    name, _, variant = label.partition("[")
+    if name != equation["primitive"]:
+        return None
+    return {"name": name, "backend": impl["backend"],
+            "variant": variant.rstrip("]") or "default", "label": label}
+
+
+def _legacy_jobs(store: Any, env_id: str) -> list[dict]:
+    """Implementation rows in the form of before the store rewrite (``requirements`` naming
+    a job spec): jobs to refuse, one per workload not yet traced on `env_id`."""
+    out = []
     for impl in store.implementations():
         req = impl.get("requirements") or {}
-        if not (req.get("pending") and req.get("entry") and req.get("graph_hash")):
+        if not (req.get("pending") and req.get("graph_hash")):
+            continue
+        named = [s for s in (req.get("entry"), req.get("golden")) if isinstance(s, str)]
+        if not named:
             continue
         g = req["graph_hash"]
         keys = list(req.get("workloads") or [])
@@ -71,12 +167,86 @@ def pending_jobs(store: Any, env_id: str) -> list[dict]:
             wl = store.get_workload(w)
             if wl is None or store.measured(g, impl["key"], w, env_id) is not None:
                 continue
-            jobs.append({"fn": req["entry"], "args": random_inputs(wl["inputs"]),
-                         "golden": req.get("golden"), "graph_hash": g, "impl": impl["key"],
-                         "workload": w, "env_id": env_id,
-                         "label": f"{signature(impl['name'], wl['inputs'])} "
-                                  f"on {impl['backend']}"})
-    return jobs
+            out.append({"refuse": named, "graph_hash": g, "impl": impl["key"], "workload": w,
+                        "flags": [], "label": f"{signature(impl['name'], wl['inputs'])} "
+                                              f"on {impl['backend']}"})
+    return out
+
+
+def refused_record(job: dict, env_id: str) -> dict:
+    """The RUNTIME_ERROR trace of a job whose row named code (``job["refuse"]``): its log
+    starts with ``refused:``; nothing was imported or run."""
+    return _refused(job["refuse"], (), None, job["graph_hash"], job["impl"], job["workload"],
+                    env_id)
+
+
+def resolve_kernel(job: dict) -> Any:
+    """The kernel of this process's registry that `job` names (name, backend, variant, and
+    the source hash in its implementation key), or None: a job never names code, only a
+    kernel registered here.
+
+    >>> resolve_kernel({"kernel": {"name": "system", "backend": "os", "variant": "default"},
+    ...                 "impl": "system@os#0"}) is None
+    True
+    """
+    kd = job.get("kernel") or {}
+    try:
+        candidates = kernels_for(kd["name"], kd["backend"])
+    except Exception:  # an unknown backend or primitive: nothing to run
+        return None
+    for k in candidates:
+        if k.variant == kd.get("variant", "default") and implementation_key(
+                "KERNEL", kd.get("label", k.label), k.backend, k.source_hash) == job["impl"]:
+            return k
+    return None
+
+
+def store_job(job: dict, kernel: Any, store: Any, env_id: str) -> dict:
+    """The `profile_many` job of a resolved store job (`resolve_kernel`), with the workload
+    and implementation recorded in `store` (None: not recorded here)."""
+    desc = job["equation"]
+    eqn = equation_from(desc)
+    if store is not None:
+        inputs = [(tuple(d[0]), d[1]) for d in desc["inputs"] if not isinstance(d, dict)]
+        store.add_workload(job["graph_hash"], desc.get("axes", {}), inputs)
+        store.add_implementation("KERNEL", job["kernel"].get("label", kernel.label),
+                                 kernel.backend, kernel.source_hash)
+    if kernel.check([v.aval for v in eqn.invars], dict(eqn.params)) is not None:
+        raise LookupError(f"{kernel!r} declines {_equation_name(desc)} on this machine")
+    pj = kernel_job(eqn, kernel, {})
+    pj.pop("host_args")
+    pj.update(graph_hash=job["graph_hash"], impl=job["impl"], workload=job["workload"],
+              env_id=env_id, label=job["label"])
+    return pj
+
+
+def measure_job(job: dict, env_id: str, budget_s: float | None = None) -> dict | None:
+    """The trace record of one store job measured in this process (not written), or None
+    when no kernel of this process's registry matches it (the job is stale here)."""
+    if job.get("refuse"):
+        return refused_record(job, env_id)
+    kernel = resolve_kernel(job)
+    if kernel is None:
+        return None
+    try:
+        pj = store_job(job, kernel, None, env_id)
+    except LookupError:
+        return None
+    pj.pop("label")
+    fn, args = pj.pop("fn"), pj.pop("args")
+    if budget_s is not None:
+        pj["budget_s"] = budget_s
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return profile(fn, args, **pj)
+
+
+def settle_flags(store: Any, env_id: str, stale: list[str] = ()) -> int:
+    """Clear the pending flags of `env_id` that have a trace now, and the `stale` ones (their
+    kernel is gone or changed); returns how many were cleared."""
+    done = [r["key"] for r in store.pending(env_id)
+            if store.measured(r["graph_hash"], r["impl"], r["workload"], env_id) is not None]
+    return store.clear_pending(list(dict.fromkeys(done + list(stale))))
 
 
 # ------------------------------------------------------------------ one equation on one kernel
@@ -333,9 +503,12 @@ def profile_kernel(eqn: Any, kernel: Any, dims: dict, store: Any, cost_model: An
 
 def _record(store, rec: dict, deferred: list | None) -> dict:
     if deferred is None:
+        fill_speedup([rec], store)
         store.add_trace(**rec)
     else:
         deferred.append(rec)
+        # the reference may come before or after the kernels of its equation in a sweep
+        fill_speedup(deferred, store)
     return rec
 
 
@@ -363,26 +536,12 @@ def flagged_jobs(store: Any, env_id: str) -> tuple[list[dict], list[str]]:
     """`profile_many` jobs for the store's pending flags on `env_id` (written by the
     "fastest" policy) and the flag keys they cover. A flag whose kernel is gone or changed
     (source hash) is covered without a job: it is stale."""
-    jobs, keys = [], []
-    for rec in store.pending(env_id):
-        keys.append(rec["key"])
-        kd, desc = rec["kernel"], rec["equation"]
-        try:
-            k = next(k for k in kernels_for(kd["name"], kd["backend"])
-                     if k.variant == kd["variant"])
-        except Exception:
+    keys = [r["key"] for r in store.pending(env_id)]
+    jobs = []
+    for job in pending_jobs(store, env_id):
+        kernel = None if job.get("refuse") else resolve_kernel(job)
+        if kernel is None:
             continue
-        if implementation_key("KERNEL", kd.get("label", k.name), k.backend,
-                              k.source_hash) != rec["impl"]:
-            continue
-        eqn = equation_from(desc)
-        inputs = [(tuple(d[0]), d[1]) for d in desc["inputs"] if not isinstance(d, dict)]
-        store.add_workload(rec["graph_hash"], desc.get("axes", {}), inputs)
-        store.add_implementation("KERNEL", kd.get("label", k.name), k.backend, k.source_hash)
-        job = kernel_job(eqn, k, {})
-        job.pop("host_args")
-        job.update(graph_hash=rec["graph_hash"], impl=rec["impl"], workload=rec["workload"],
-                   env_id=env_id, label=f"{signature(desc['primitive'], inputs)} on "
-                                        f"{kd.get('label', k.name)}@{k.backend}")
-        jobs.append(job)
+        with contextlib.suppress(LookupError):
+            jobs.append(store_job(job, kernel, store, env_id))
     return jobs, keys

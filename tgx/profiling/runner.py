@@ -24,6 +24,7 @@ from tgx.errors import TgxError
 from tgx.profiling.accuracy import accuracy, to_numpy
 from tgx.profiling.accuracy import golden as compute_golden
 from tgx.profiling.progress import Progress
+from tgx.profiling.speedup import fill_speedup
 from tgx.profiling.timing import measure, sync_for
 from tgx.store import Status
 from tgx.store.schema import TRACE_FIELDS
@@ -361,7 +362,7 @@ def profile(fn: str | Callable, args: Sequence[Any] = (), *, golden: Any = None,
                           isolate, timeout_s, dict(measure_kw, atol=atol, rtol=rtol),
                           store_specs(store))
     if store is not None:
-        store.add_trace(**rec)
+        store.add_trace(**fill_speedup([rec], store)[0])
     return rec
 
 
@@ -461,12 +462,12 @@ def profile_many(jobs: Iterable[Any], *, store: Any = None, progress: bool | Non
             if store is not None:
                 pending.append(rec)
                 if len(pending) >= batch_size:
-                    store.add_traces(pending)
+                    store.add_traces(fill_speedup(pending, store))
                     pending = []
             bar.update(f"{label}: {rec['status']}")
     finally:
         if store is not None and pending:
-            store.add_traces(pending)
+            store.add_traces(fill_speedup(pending, store))
         bar.close()
     return records
 

@@ -1,0 +1,96 @@
+"""Store jobs as data (`pending_jobs`, `resolve_kernel`) and the speedup of kernel traces."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tgx
+import tgx.numpy as tnp
+from tgx.cli import main
+from tgx.profiling.pending import measure_job, pending_jobs, resolve_kernel
+from tgx.profiling.speedup import fill_speedup, is_reference
+from tgx.store import BenchmarkStore
+
+X = np.linspace(-1, 1, 256).astype(np.float32)
+
+
+def f(x):
+    return tnp.exp(x) * 2.0
+
+
+@pytest.fixture
+def store(tmp_path):
+    with BenchmarkStore(tmp_path / "s.json") as st:
+        yield st
+
+
+def test_pending_jobs_are_data_naming_registered_kernels(store):
+    tgx.compile(f, store=store, backends=["numpy"]).lower(X)
+    env = store.environment_id()
+    flags = store.pending(env)
+    jobs = pending_jobs(store, env)
+    assert len(jobs) == len(flags) >= 4
+    json.dumps(jobs)  # plain data: nothing callable, nothing to import
+    assert {"graph_hash", "workload", "impl", "kernel", "equation", "flags",
+            "label"} == set(jobs[0])
+    assert sorted(k for j in jobs for k in j["flags"]) == sorted(r["key"] for r in flags)
+    refs = [is_reference(j["impl"]) for j in jobs]
+    assert refs == sorted(refs, reverse=True)  # references first: the others' speedup
+    for job in jobs:
+        k = resolve_kernel(job)
+        assert k is not None and k.backend == "numpy" and k.label == job["kernel"]["label"]
+        # the same kernel name with another source hash is another implementation: not run
+        assert resolve_kernel(dict(job, impl=job["impl"][:-4] + "0000")) is None
+    rec = measure_job(jobs[0], env, budget_s=0.01)
+    assert rec["status"] == "PASSED" and rec["impl"] == jobs[0]["impl"]
+
+
+def test_unprofiled_jobs_come_from_other_environments_traces(store):
+    tgx.compile(f, store=store, backends=["numpy"]).lower(X)
+    env = store.environment_id()
+    assert main(["profile", "--pending", "--store", store.path, "--budget", "0.01",
+                 "--no-progress"]) == 0
+    store.refresh()
+    measured = store.traces(env_id=env)
+    assert pending_jobs(store, env, unprofiled=True) == []  # all measured here
+    # another machine's view of the same store: everything is unprofiled there
+    other = pending_jobs(store, "env-other", unprofiled=True)
+    assert sorted(j["impl"] for j in other) == sorted(t["impl"] for t in measured)
+    assert all(resolve_kernel(j) is not None and j["flags"] == [] for j in other)
+    assert pending_jobs(store, "env-other") == []  # no flag of that environment
+
+
+def test_speedup_is_against_the_numpy_reference_of_the_same_workload(store):
+    tgx.compile(f, store=store, backends=["numpy"]).lower(X)
+    assert main(["profile", "--pending", "--store", store.path, "--budget", "0.01",
+                 "--no-progress"]) == 0
+    store.refresh()
+    traces = store.traces(status="PASSED")
+    refs = {(t["graph_hash"], t["workload"], t["env_id"]): t for t in traces
+            if is_reference(t["impl"])}
+    assert len(refs) == 2  # exp and mul
+    for t in traces:
+        ref = refs[(t["graph_hash"], t["workload"], t["env_id"])]
+        assert t["speedup"] == pytest.approx(ref["median_s"] / t["median_s"])
+        if t is ref or t["impl"] == ref["impl"]:
+            assert t["speedup"] == 1.0
+
+
+def test_speedup_under_explore_and_none_without_a_reference(store):
+    tgx.compile(f, store=store, policy="explore", backends=["numpy"]).lower(X)
+    passed = store.traces(status="PASSED")
+    plans = [t for t in passed if store.get_implementation(t["impl"])["kind"] != "KERNEL"]
+    assert plans and all(t["speedup"] is None for t in plans)  # a whole plan: none
+    passed = [t for t in passed if t not in plans]
+    refs = {(t["graph_hash"], t["workload"]) for t in passed if is_reference(t["impl"])}
+    with_ref = [t for t in passed if (t["graph_hash"], t["workload"]) in refs]
+    # exp, mul and their fused region (its NumPy kernel runs the decomposition)
+    assert len(refs) == 3 and all(t["speedup"] > 0 for t in with_ref)
+    # a graph with no NumPy reference kernel measured: no speedup
+    assert all(t["speedup"] is None for t in passed if t not in with_ref)
+    lone = [{"graph_hash": "g", "workload": "w", "env_id": "e", "status": "PASSED",
+             "timestamp": 1.0, "impl": "neg[out]@numpy#0", "median_s": 1e-6, "speedup": None}]
+    assert fill_speedup(lone, store)[0]["speedup"] is None  # no reference measured
