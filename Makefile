@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	# tgx was installed as "tgx" before it became tgx-trace: drop that record (and its script)
 	$(PY) -m pip uninstall -q -y --disable-pip-version-check tgx 2>/dev/null || true
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[torch,jax,numba,sql,test]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[torch,jax,numba,sql,fleet,test]"
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -9,6 +9,7 @@
     tgx store recover [--store PATH]
     tgx store migrate SRC DST
     tgx profile       [--store PATH] [--pending | SCRIPT.py] [--timeout S] [--isolate]
+    tgx profile --ray [ADDRESS] [--store URL] [--cores N] [--timeout S] [--budget S]
 
 Exit status: 0 success, 1 failure (message on stderr, traceback only with ``--debug``; for
 ``profile``, any job that did not pass, each named with why), 2 usage error.
@@ -27,7 +28,14 @@ from typing import Any
 from tgx import __version__
 from tgx.errors import TgxError
 from tgx.profiling import format_seconds, profile_many, summarize
-from tgx.profiling.pending import equation_from, flagged_jobs, pending_jobs
+from tgx.profiling.pending import (
+    equation_from,
+    pending_jobs,
+    refused_record,
+    resolve_kernel,
+    settle_flags,
+    store_job,
+)
 from tgx.profiling.runner import _env_id, _load_script
 from tgx.store import (
     BenchmarkStore,
@@ -222,37 +230,91 @@ def _jobs_from_script(path: str) -> list:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
+    if args.ray is not None:
+        if args.script or args.pending:
+            raise _Usage("--ray profiles the store's pending and unprofiled kernels; give "
+                         "neither SCRIPT.py nor --pending with it")
+        return _profile_fleet(args)
     if args.pending == bool(args.script):
-        raise _Usage("profile needs exactly one of SCRIPT.py or --pending")
+        raise _Usage("profile needs exactly one of SCRIPT.py, --pending or --ray")
+    skipped: list[str] = []
+
+    def report(msg: str) -> None:
+        skipped.append(msg)
+        print(f"tgx profile: {msg}", file=sys.stderr)
+
+    kw: dict[str, Any] = {"isolate": args.isolate, "timeout_s": args.timeout}
+    if args.budget is not None:
+        kw["budget_s"] = args.budget
     with _open_store(args.store, create=True) as st:
-        flags: list[str] = []
-        if args.pending:
-            jobs = pending_jobs(st, _env_id(st))
-            flagged, flags = flagged_jobs(st, _env_id(st))
-            jobs += flagged
-        else:
+        if not args.pending:
             jobs = _jobs_from_script(args.script)
-        if not jobs:
-            st.clear_pending(flags)
+            if not jobs:
+                print("nothing to profile")
+                return 0
+            records = profile_many(jobs, store=st, progress=args.progress, on_error=report,
+                                   **kw)
+            return _profile_summary(records, skipped, len(jobs), {})
+        env = _env_id(st)
+        refused, jobs, stale = [], [], []
+        for job in pending_jobs(st, env):  # data: kernels named, resolved here or nowhere
+            if job.get("refuse"):
+                refused.append(refused_record(job, env))
+                continue
+            kernel = resolve_kernel(job)
+            try:
+                if kernel is None:
+                    raise LookupError
+                jobs.append(store_job(job, kernel, st, env))
+            except LookupError:  # no such kernel here (any more): the flag is stale
+                stale += job["flags"]
+        if refused:
+            st.add_traces(refused)
+        if not jobs and not refused:
+            settle_flags(st, env, stale)
             print("nothing to profile")
             return 0
-        kw: dict[str, Any] = {"isolate": args.isolate, "timeout_s": args.timeout}
-        if args.budget is not None:
-            kw["budget_s"] = args.budget
-        skipped: list[str] = []
+        records = refused + profile_many(jobs, store=st, progress=args.progress,
+                                         on_error=report, **kw)
+        settle_flags(st, env, stale)  # every flag measured now, or stale
+        ops = graph_ops(st)
+    return _profile_summary(records, skipped, len(jobs) + len(refused), ops)
 
-        def report(msg: str) -> None:
-            skipped.append(msg)
-            print(f"tgx profile: {msg}", file=sys.stderr)
 
-        records = profile_many(jobs, store=st, progress=args.progress, on_error=report, **kw)
-        st.clear_pending(flags)  # every flag now has a trace (or was stale)
-        ops = graph_ops(st) if args.pending else {}
+def _profile_fleet(args: argparse.Namespace) -> int:
+    from tgx.profiling.fleet import profile_fleet
+
+    skipped: list[str] = []
+
+    def report(msg: str) -> None:
+        skipped.append(msg)
+        print(f"tgx profile: {msg}", file=sys.stderr)
+
+    with _open_store(args.store, create=True) as st:
+        sweep = profile_fleet(st, address=args.ray or None, cores=args.cores,
+                              budget_s=args.budget, timeout_s=args.timeout,
+                              progress=args.progress, on_error=report)
+        ops = graph_ops(st)
+    n = len(sweep.records) + len(sweep.skipped)
+    notes = [f"{sweep.claimed} measured by another fleet" * bool(sweep.claimed),
+             f"{sweep.stale} with no such kernel on the workers" * bool(sweep.stale)]
+    print(f"fleet: {_plural(len(sweep.nodes), 'node')}, {sweep.slots} jobs at once "
+          f"({args.cores} cores each), {sweep.wall_s:.1f} s"
+          + "".join(f"; {x}" for x in notes if x))
+    if not n:
+        print("nothing to profile")
+        return 0
+    return _profile_summary(sweep.records, skipped, n, ops)
+
+
+def _profile_summary(records: list[dict], skipped: list[str], n_jobs: int,
+                     ops: dict) -> int:
+    """Print the summary of a sweep and one line per failed job; the exit status."""
     print(summarize(records))
     failed = [r for r in records if r["status"] != "PASSED"]
     if not failed and not skipped:
         return 0
-    print(f"tgx: error: {len(failed) + len(skipped)} of {len(jobs)} jobs failed:",
+    print(f"tgx: error: {len(failed) + len(skipped)} of {n_jobs} jobs failed:",
           file=sys.stderr)
     for r in failed:
         what = r["impl"] if not ops else f"{ops.get(r['graph_hash'], '?')}: {r['impl']}"
@@ -327,13 +389,21 @@ def build_parser() -> argparse.ArgumentParser:
     x.set_defaults(func=_cmd_export)
 
     pr = sub.add_parser("profile", parents=[common, store_opt],
-                        help="profile the jobs of a script, or pending implementations")
+                        help="profile the jobs of a script, or pending implementations "
+                             "(here, or on a Ray fleet)")
     pr.add_argument("script", nargs="?", metavar="SCRIPT.py",
                     help="a script defining JOBS (a list of job specs) or jobs()")
     pr.add_argument("--pending", action="store_true",
                     help="profile implementations flagged pending in the store")
+    pr.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                    help="profile the store's pending and unprofiled kernels on a Ray "
+                         "cluster (ADDRESS: 'auto', 'ray://host:10001'; none: a local Ray "
+                         "on this machine's cores); needs the fleet extra")
+    pr.add_argument("--cores", type=int, default=1, metavar="N",
+                    help="with --ray: cores per timing (default 1)")
     pr.add_argument("--timeout", type=_positive, default=30.0, metavar="S",
-                    help="per-job time limit in seconds, with --isolate (default 30)")
+                    help="per-job time limit in seconds, with --isolate or --ray "
+                         "(default 30)")
     pr.add_argument("--isolate", action="store_true",
                     help="run each job in a child process (crash/hang safe)")
     pr.add_argument("--budget", type=_positive, metavar="S",

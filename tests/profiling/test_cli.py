@@ -67,7 +67,7 @@ def test_bad_argument_exits_2_with_a_message():
 
 def test_profile_needs_a_script_or_pending(capsys, tmp_path):
     assert main(["profile", "--store", str(tmp_path / "s.json")]) == 2
-    assert "exactly one of SCRIPT.py or --pending" in capsys.readouterr().err
+    assert "exactly one of SCRIPT.py, --pending or --ray" in capsys.readouterr().err
 
 
 def test_missing_store_and_script_fail_with_1_and_no_traceback(capsys, tmp_path):
@@ -293,3 +293,16 @@ def test_store_commands_take_store_urls(tmp_path, capsys, monkeypatch):
     assert "0 traces" in capsys.readouterr().out
     assert main(["store", "stats", "--store", f"sqlite:///{tmp_path / 'none.db'}"]) != 0
     assert "no benchmark store" in capsys.readouterr().err
+
+
+def test_the_fleet_imports_ray_only_when_it_runs(tmp_path, monkeypatch, capsys):
+    code = ("import sys, tgx, tgx.cli, tgx.profiling.fleet; "
+            "assert 'ray' not in sys.modules, 'ray imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    assert main(["profile", "--ray", "--store", str(tmp_path / "s.json")]) == 1
+    err = capsys.readouterr().err
+    assert "the profiling fleet needs Ray" in err and "tgx-trace[fleet]" in err, err
+    assert main(["profile", "--ray", "--pending", "--store", str(tmp_path / "s.json")]) == 2
+    assert "give neither SCRIPT.py nor --pending" in capsys.readouterr().err

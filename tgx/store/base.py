@@ -11,12 +11,13 @@ engine supplies `_read` (the cache, refreshed when another process wrote) and th
 from __future__ import annotations
 
 import abc
+import contextlib
 import importlib
 import json
 import os
 import threading
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Self
 
 from . import schema
@@ -207,6 +208,22 @@ class BenchmarkStore(abc.ABC):
             if not any(k in self._read().pending for k in keys):
                 return 0
             return self._best_effort(lambda: self._clear_pending(keys), lambda: 0)
+
+    @contextlib.contextmanager
+    def claim(self, key: str) -> Iterator[bool]:
+        """Claim the job `key` while profiling it: yields True when this process holds it,
+        False when another does (skip the job: another fleet is measuring it). PostgreSQL:
+        a session advisory lock, released on exit or when its holder dies (its connection
+        closes), so a killed worker never keeps a job. TinyDB and SQLite: always True, a
+        fleet's driver hands each job out once (`tgx.profiling.fleet`).
+
+        Example (``st`` an open store)::
+
+            with st.claim("g|w|k|env") as mine:
+                if mine and st.measured("g", "k", "w", "env") is None:
+                    ...  # measure, then add the trace
+        """
+        yield True
 
     # ------------------------------------------------------------ writes
 

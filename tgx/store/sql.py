@@ -22,6 +22,7 @@ driver errors are scrubbed of it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import time
@@ -395,6 +396,29 @@ class SQLStore(BenchmarkStore):
                 with contextlib.suppress(Exception):
                     checker.close()
             raise self._error(err, "a read") from None
+
+    @contextlib.contextmanager
+    def claim(self, key: str) -> Iterator[bool]:
+        """See `BenchmarkStore.claim`: on PostgreSQL ``pg_try_advisory_lock`` on a hash of
+        `key`, held by a connection of its own (no table, no grant: any role may)."""
+        if self._sqlite:
+            yield True
+            return
+        lock = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big", signed=True)
+        with self._errors("a claim"):
+            conn = self._sa.connect().execution_options(isolation_level="AUTOCOMMIT")
+        try:
+            with self._errors("a claim"):
+                held = conn.execute(sa.text("SELECT pg_try_advisory_lock(:k)"),
+                                    {"k": lock}).scalar()
+            try:
+                yield bool(held)
+            finally:
+                if held:
+                    with self._errors("releasing a claim"):
+                        conn.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": lock})
+        finally:
+            conn.close()
 
     # ------------------------------------------------------------ writes
 
