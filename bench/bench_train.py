@@ -233,7 +233,7 @@ def _timed_build(name: str, make: Callable[[], Callable]) -> tuple[Contender, fl
 def tgx_contender(w: Workload, name: str, **compile_kw):
     """tgx's step, compiled with `compile_kw`, params and Adam state as `state=`."""
     opt = optim.adam(LR)
-    params = _copy(w.params)
+    params = tgx.aligned(w.params)   # a copy, which a JAX region reads in place
     state = opt.init(params)
 
     def train_step(p, s, *batch):

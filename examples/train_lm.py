@@ -155,7 +155,7 @@ def make_optimizer(steps: int) -> optim.GradientTransformation:
 def main() -> None:
     cfg = Config()
     rng = np.random.default_rng(0)
-    params = init_params(cfg)
+    params = tgx.aligned(init_params(cfg))  # aligned: a JAX plan reads them in place
     n = sum(a.size for a in tgx.tree_flatten(params)[0])
     print(f"Gemma-shaped decoder: {cfg.layers} layers, d={cfg.d}, {cfg.heads} query / "
           f"{cfg.kv_heads} key-value heads, vocabulary {cfg.vocab}, {n} weights; "

@@ -65,7 +65,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     x_train, y_train = rings(rng, 2048)
     x_test, y_test = rings(rng, 1024)
-    params = init_params(rng)
+    params = tgx.aligned(init_params(rng))  # aligned: a JAX plan reads them in place
     opt = optim.adam(2e-2)
     opt_state = opt.init(params)
     train = tgx.compile(make_train_step(opt), state=("params", "opt_state"))

@@ -276,3 +276,23 @@ def test_errors_name_the_problem():
     with pytest.raises(OptionError, match="learning_rate"):
         optim.sgd(-1.0)
     assert math.isclose(float(optim.constant(0.25)(3)), 0.25)
+
+
+@pytest.mark.parametrize("make", [lambda: optim.adam(1e-3), lambda: optim.sgd(0.1, momentum=0.9)])
+def test_init_state_is_writable_and_aligned(make):
+    # a JAX region reads a host array in place only when it is 64-byte aligned
+    params = {"w": np.ones((300, 301), np.float32), "b": np.ones(7, np.float64)}
+    leaves = [x for x in tgx.tree_flatten(make().init(params))[0] if np.ndim(x)]
+    assert leaves and all(x.flags.writeable and x.ctypes.data % 64 == 0 for x in leaves)
+    assert all(not x.any() for x in leaves)
+    assert {x.dtype for x in leaves} == {np.dtype(np.float32), np.dtype(np.float64)}
+
+
+def test_aligned_copies_a_tree():
+    src = {"a": [np.arange(5.0)], "b": np.ones((3, 3), np.int32)}
+    out = tgx.aligned(src)
+    np.testing.assert_array_equal(out["a"][0], src["a"][0])
+    np.testing.assert_array_equal(out["b"], src["b"])
+    assert out["b"].dtype == np.int32 and out["b"].ctypes.data % 64 == 0
+    out["b"][0, 0] = 7
+    assert src["b"][0, 0] == 1  # a copy

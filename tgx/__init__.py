@@ -57,6 +57,7 @@ _LAZY = {
     "candidates": "tgx.planning.candidates",
     "Device": "tgx.devices",
     "CompiledGraph": "tgx.runtime.compiled",
+    "aligned": "tgx.io",
     "Backend": "tgx.backends",
     "register_backend": "tgx.backends",
     "BenchmarkStore": "tgx.store",

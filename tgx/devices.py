@@ -8,10 +8,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .errors import KernelError
 
 #: the host's memory space: graph inputs and outputs live here, as NumPy arrays
 HOST = "cpu"
+#: the alignment of host buffers tgx allocates: cache lines, AVX-512 loads, and what XLA
+#: needs to read a host array in place (`tgx.aligned`)
+ALIGNMENT = 64
+
+
+def aligned_empty(shape, dtype) -> np.ndarray:
+    """An uninitialized writable host array whose data starts on an `ALIGNMENT` boundary.
+
+    >>> aligned_empty((3, 5), "float32").ctypes.data % ALIGNMENT
+    0
+    """
+    dtype = np.dtype(dtype)
+    n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(n + ALIGNMENT, np.uint8)
+    off = (-raw.ctypes.data) % ALIGNMENT
+    return raw[off:off + n].view(dtype).reshape(shape)
 
 
 @dataclass(frozen=True)

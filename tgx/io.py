@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 
 from .backends import get_backend
+from .devices import aligned_empty
+from .tracing import tree_map
 
 
 def flatten_names(tree: Any, prefix: str = "") -> dict[str, Any]:
@@ -77,3 +79,26 @@ def load_weights(path: str | os.PathLike, *, backend: str = "numpy",
     b = get_backend(backend)
     flat = load_file(os.fspath(path))
     return unflatten_names({k: b.convert(v, device) for k, v in flat.items()})
+
+
+def aligned(tree: Any) -> Any:
+    """A copy of a pytree of arrays as writable NumPy arrays aligned to 64 bytes.
+
+    XLA reads a host array in place only when its data is 64-byte aligned, and NumPy aligns
+    large arrays to 16 bytes: a JAX region copies every unaligned argument on every call
+    (8 arrays of 1.6 MB: 2.3 ms against 0.22 ms aligned, 2-core CPU, 2026-11-24). Parameters
+    and optimizer state passed as `state=` are read on every step, so allocate them with this
+    (`tgx.optim`'s `init` does).
+
+    >>> import tgx
+    >>> p = tgx.aligned({"w": np.ones((256, 256), np.float32)})
+    >>> p["w"].ctypes.data % 64, float(p["w"].sum())
+    (0, 65536.0)
+    """
+    def copy(x):
+        x = np.asarray(x)
+        out = aligned_empty(x.shape, x.dtype)
+        out[...] = x
+        return out
+
+    return tree_map(copy, tree)

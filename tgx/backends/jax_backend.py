@@ -213,7 +213,7 @@ class JaxBackend(Backend):
     # a jitted 1-element op ≈ 5 µs (the dispatch of one call); ~10 GB/s; 512³ matmul peak
     cost = (5.0e-6, 10e9, 4e10)
     # device_put copies (~41 µs for 64 KiB from NumPy, ~50 µs from torch)
-    transfer_in = {"numpy": (40e-6, 8e9), "torch": (50e-6, 8e9)}
+    transfer_in = {"numpy": (2.0e-6, 5e9), "torch": (50e-6, 8e9)}
     # torch's OpenMP workers spinning after a torch op slow what follows; priced like
     # torch → numpy, or a plan would hide the contention behind one jax op (seen: 24 ms plans
     # predicted at 2 ms)

@@ -27,11 +27,11 @@ import numpy as np
 
 from ..backends import backend_of, get_backend, to_host
 from ..core import pp_eqn, var_namer
+from ..devices import aligned_empty
 from ..errors import BindingError, DTypeError, KernelError
 from ..shapes import ShapedArray, check_dim_value, eval_dim, shape_str
 from ..transforms.evaluate import bind_dims
 from .codegen import RunFunction, generate
-from .memory import ALIGNMENT
 from ..backends.threads import hold_one_blas_thread, release_blas_threads
 
 # Bindings kept specialized at once (each owns a workspace sized for its dims).
@@ -40,9 +40,7 @@ MAX_SPECIALIZATIONS = 16
 
 def allocate_workspace(nbytes: int) -> np.ndarray:
     """A `uint8` array of `nbytes` whose first byte is 64-byte aligned."""
-    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
-    off = (-raw.ctypes.data) % ALIGNMENT
-    return raw[off:off + nbytes]
+    return aligned_empty((nbytes,), np.uint8)
 
 
 def workspace_view(ws: np.ndarray, offset: int, shape: tuple, dtype: np.dtype,

@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 import sympy
 
+from ..devices import ALIGNMENT
 from ..errors import (
     BindingError,
     DTypeError,
@@ -70,8 +71,8 @@ __all__ = [
     "plan_memory",
 ]
 
-ALIGNMENT = 64
 KINDS = ("transient", "persistent", "state")
+
 # Above this many Max terms an offset stays nested (refers to the offset below it) instead
 # of being flattened, so expression size cannot blow up on dense schedules.
 _MAX_FLAT_TERMS = 12
