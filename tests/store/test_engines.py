@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -421,3 +423,23 @@ def test_an_unreachable_postgresql_store_warns_without_its_password(tmp_path, mo
     [w] = [w for w in rec if issubclass(w.category, StoreWarning)]
     msg = str(w.message)
     assert "Sup3r-s3cret" not in msg and "bench:***@" in msg and ".pgpass" in msg, msg
+
+
+def test_a_forked_child_drops_the_connections_of_every_store_open_or_closed(tmp_path):
+    pytest.importorskip("sqlalchemy")
+    code = f"""
+import os, sys
+from tgx.store import BenchmarkStore
+empty = BenchmarkStore("sqlite:///{tmp_path}/a.db")   # no trace: len() == 0
+empty.refresh()                                       # its generation checker connects
+closed = BenchmarkStore("sqlite:///{tmp_path}/b.db")
+closed.close()
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if empty._checker is None else 3)
+_, status = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(status))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0 and "Exception ignored" not in r.stderr, r.stderr

@@ -148,7 +148,9 @@ class SQLStore(BenchmarkStore):
         self._sa = self._create_engine()
         # a forked child must not use the parent's connections: it opens its own
         me = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: (s := me()) and s._forget_connections())
+        # (`is not None`: truth would be len(), a query, and raise for a closed store)
+        os.register_at_fork(
+            after_in_child=lambda: (s := me()) is not None and s._forget_connections())
         self._reset_cache()
         try:
             self._ensure_schema()
