@@ -9,7 +9,7 @@
     tgx store recover [--store PATH]
     tgx store migrate SRC DST
     tgx profile       [--store PATH] [--pending | SCRIPT.py] [--timeout S] [--isolate]
-    tgx profile --ray [ADDRESS] [--store URL] [--cores N] [--timeout S] [--budget S]
+    tgx profile --ray [ADDRESS] [--store URL] [--cores N] [--retries N] [--timeout S]
 
 Exit status: 0 success, 1 failure (message on stderr, traceback only with ``--debug``; for
 ``profile``, any job that did not pass, each named with why), 2 usage error.
@@ -293,7 +293,7 @@ def _profile_fleet(args: argparse.Namespace) -> int:
     with _open_store(args.store, create=True) as st:
         sweep = profile_fleet(st, address=args.ray or None, cores=args.cores,
                               budget_s=args.budget, timeout_s=args.timeout,
-                              progress=args.progress, on_error=report)
+                              retries=args.retries, progress=args.progress, on_error=report)
         ops = graph_ops(st)
     n = len(sweep.records) + len(sweep.skipped)
     notes = [f"{sweep.claimed} measured by another fleet" * bool(sweep.claimed),
@@ -401,6 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "on this machine's cores); needs the fleet extra")
     pr.add_argument("--cores", type=int, default=1, metavar="N",
                     help="with --ray: cores per timing (default 1)")
+    pr.add_argument("--retries", type=int, default=1, metavar="N",
+                    help="with --ray: times a job whose worker died is run again (default 1)")
     pr.add_argument("--timeout", type=_positive, default=30.0, metavar="S",
                     help="per-job time limit in seconds, with --isolate or --ray "
                          "(default 30)")

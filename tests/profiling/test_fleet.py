@@ -30,7 +30,7 @@ from tgx.store import BenchmarkStore, schema
 ray = pytest.importorskip("ray", reason="Ray is not installed (the fleet extra): "
                                         "pip install -e '.[fleet]'")
 
-from tgx.profiling.fleet import profile_fleet  # noqa: E402
+from tgx.profiling.fleet import FleetError, profile_fleet  # noqa: E402
 
 # one Ray for the module: its tests stay on one xdist worker (pyproject: --dist loadgroup)
 pytestmark = pytest.mark.xdist_group("ray")
@@ -46,7 +46,9 @@ def local_ray(tmp_path_factory):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
              object_store_memory=100 * 2**20, runtime_env={
                  "worker_process_setup_hook": "tests.profiling.fleet_kernels.register",
-                 "env_vars": {"PYTHONPATH": path, fleet_kernels.MARKER_DIR: str(marks)}})
+                 "env_vars": {"PYTHONPATH": path, fleet_kernels.MARKER_DIR: str(marks),
+                              # the workers' libpq password file, written by a test
+                              "PGPASSFILE": str(marks / "pgpass")}})
     try:
         yield marks
     finally:
@@ -105,7 +107,7 @@ def test_a_killed_worker_is_retried_and_crashes_and_hangs_are_recorded(local_ray
         ref_key = schema.implementation_key("KERNEL", kernel_name(ref), "numpy",
                                             ref.source_hash)
         jobs.append(_flag(st, ref_key))
-        sweep = profile_fleet(st, timeout_s=3, startup_s=10, retries=1, **FAST)
+        sweep = profile_fleet(st, timeout_s=2, retries=1, **FAST)
         env = st.environment_id()
         status = {t["impl"]: t for t in st.traces()}
         assert len(st.traces()) == 4 and len(sweep.records) == 4  # nothing lost, once each
@@ -142,7 +144,45 @@ def test_two_fleets_on_one_postgresql_store_measure_each_job_once(local_ray, pg_
         assert len(triples) == len(set(triples)) == n  # each job measured once, none lost
         assert st.pending() == []
     assert sum(len(s.records) for s in sweeps) == n
-    assert sum(len(s.records) + s.claimed for s in sweeps) == 2 * n
+
+
+def test_fleet_workers_need_only_the_least_privilege_role_of_the_docs(
+        local_ray, postgres_server, monkeypatch):  # noqa: F811
+    import re
+
+    import psycopg
+
+    from tests.store.test_security import _doc_sql
+
+    server, db = postgres_server, postgres_server.create_db()
+    owner, worker = f"o_{db}", f"w_{db}"
+
+    def named(sql: str) -> str:
+        return (sql.replace("tgx_owner", owner).replace("tgx_worker", worker)
+                .replace("DATABASE tgx", f"DATABASE {db}"))
+
+    admin = named(_doc_sql("CREATE ROLE tgx_owner")).replace(
+        f"CREATE DATABASE {db} OWNER {owner};", f"ALTER DATABASE {db} OWNER TO {owner};")
+    server.sql(*[s for s in re.sub(r"--[^\n]*", "", admin).split(";") if s.strip()])
+    with BenchmarkStore(server.url(db, owner, "owner-secret")) as st:
+        tgx.compile(f, store=st, backends=["numpy"]).lower(X)  # schema, and pending flags
+        n = len(st.pending())
+    with psycopg.connect(host=server.root, port=server.port, dbname=db, user=owner,
+                         password="owner-secret", autocommit=True) as conn:
+        conn.execute(named(_doc_sql("GRANT CONNECT")))
+    with BenchmarkStore(server.url(db, worker, "worker-secret")) as st:
+        with pytest.raises(FleetError, match="without the password in the URL"):
+            profile_fleet(st, **FAST)  # never a password in Ray's task arguments
+    passfile = local_ray / "pgpass"  # the workers' PGPASSFILE (and the driver's, here)
+    passfile.write_text(f"*:*:{db}:{worker}:worker-secret\n")
+    passfile.chmod(0o600)
+    monkeypatch.setenv("PGPASSFILE", str(passfile))
+    with BenchmarkStore(server.url(db, worker)) as st:
+        sweep = profile_fleet(st, **FAST)
+        st.refresh()
+        assert len(sweep.records) == n and {r["status"] for r in sweep.records} == {"PASSED"}
+        assert len(st.traces()) == n and st.pending() == []
+    server.drop_db(db)
 
 
 COMPILE = textwrap.dedent('''

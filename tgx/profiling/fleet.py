@@ -8,8 +8,8 @@ each to a node of that environment, as many at once as the node has core sets (i
 one node never time on the same cores either), pins itself to it, resolves the kernel in its
 own registry, measures it and returns (or writes) the trace. A job whose worker dies is
 retried `retries` times, then recorded as RUNTIME_ERROR; one still running `timeout_s` after
-it started (`startup_s` more for a worker that may still be starting) is killed and
-recorded as TIMEOUT; the sweep goes on.
+it started is killed and recorded as TIMEOUT; the sweep goes on. (A job no worker started
+within `startup_s` is left for the next sweep: not the kernel's doing.)
 
 Where traces are written: a PostgreSQL store is written by the workers themselves, each
 under its node's environment, a claim (`BenchmarkStore.claim`) held per job so two fleets
@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tgx.errors import TgxError
@@ -43,9 +43,9 @@ from tgx.profiling.speedup import fill_speedup, is_reference
 from tgx.store import Status
 from tgx.store.schema import TRACE_FIELDS
 
-#: Seconds a worker may take to start (a fresh process importing tgx) on top of `timeout_s`,
-#: for the first job of a core set and the first after a worker died.
-STARTUP_S = 30.0
+#: Seconds a job may wait for a worker to start it (a fresh process imports tgx); past it,
+#: the job is left for the next sweep (not the kernel's doing: no trace).
+STARTUP_S = 120.0
 #: Traces the driver writes at once (TinyDB and SQLite stores).
 BATCH = 20
 
@@ -207,9 +207,10 @@ class _Driver:
             if is_reference(u["job"]["impl"]):
                 k = _gwe(u)
                 refs_left[k] = refs_left.get(k, 0) + 1
-        run = ray.remote(max_retries=0)(_run_job)
+        # a streaming task: it reports "started" first, so a job's timeout counts from when
+        # it runs, not from when it waited for a worker process to start
+        run = ray.remote(max_retries=0, num_returns="streaming")(_run_job)
         free = {nid: n["slots"] for nid, n in nodes.items()}
-        cold = {nid: n["slots"] for nid, n in nodes.items()}  # slots yet to start a worker
         running: dict[Any, dict] = {}
         url = self.store.url if self.direct else None
         try:
@@ -220,14 +221,12 @@ class _Driver:
                         if unit is None:
                             break
                         free[nid] -= 1
-                        unit["limit"] = self.timeout_s + (self.startup_s if cold[nid] else 0)
-                        cold[nid] = max(0, cold[nid] - 1)
-                        unit["node"], unit["t"] = nid, time.monotonic()
+                        unit.update(node=nid, t=time.monotonic(), started=None)
                         unit["tries"] += 1
-                        ref = run.options(num_cpus=self.cores, scheduling_strategy=(
+                        gen = run.options(num_cpus=self.cores, scheduling_strategy=(
                             NodeAffinitySchedulingStrategy(nid, soft=False))).remote(
                                 unit["job"], n["env"]["id"], url, self.budget_s, self.cores)
-                        running[ref] = unit
+                        running[gen] = unit
                 if not running:
                     if queue:  # jobs for environments no live node has
                         for u in queue:
@@ -235,21 +234,28 @@ class _Driver:
                                         f"environment {u['env']}")
                         queue.clear()
                     break
-                done, _ = ray.wait(list(running), num_returns=1, timeout=0.5)
-                now = time.monotonic()
-                for ref in done:
-                    unit = running.pop(ref)
-                    free[unit["node"]] += 1
-                    self._finish(ray, ref, unit, queue, refs_left, cold, bar)
-                for ref, unit in list(running.items()):
-                    if ref not in done and now - unit["t"] > unit["limit"]:
-                        ray.cancel(ref, force=True)  # kills the worker process
-                        running.pop(ref)
+                done, _ = ray.wait(list(running), num_returns=1, timeout=0.2)
+                for gen in done:
+                    unit = running[gen]
+                    if self._step(ray, gen, unit, queue, refs_left, bar):
+                        running.pop(gen)
                         free[unit["node"]] += 1
-                        cold[unit["node"]] += 1
-                        self._failed(unit, Status.TIMEOUT, f"killed after {now - unit['t']:.1f}"
-                                     f" s (timeout {unit['limit']:g} s) on a Ray worker",
-                                     refs_left, bar)
+                now = time.monotonic()
+                for gen, unit in list(running.items()):
+                    late = (now - unit["started"] > self.timeout_s if unit["started"] else
+                            now - unit["t"] > self.startup_s)
+                    if not late:
+                        continue
+                    ray.cancel(gen, force=True)  # kills the worker process
+                    running.pop(gen)
+                    free[unit["node"]] += 1
+                    if unit["started"]:
+                        self._failed(unit, Status.TIMEOUT, f"killed after "
+                                     f"{now - unit['started']:.1f} s (timeout "
+                                     f"{self.timeout_s:g} s) on a Ray worker", refs_left, bar)
+                    else:  # no worker took it: not the kernel's doing, left for later
+                        self._skip(unit, f"no Ray worker started it within "
+                                         f"{self.startup_s:g} s", refs_left, bar)
         finally:
             for ref in running:
                 with contextlib.suppress(Exception):
@@ -285,30 +291,33 @@ class _Driver:
         if is_reference(unit["job"]["impl"]) and refs_left.get(_gwe(unit)):
             refs_left[_gwe(unit)] -= 1
 
-    def _finish(self, ray, ref, unit, queue, refs_left, cold, bar) -> None:
+    def _step(self, ray, gen, unit, queue, refs_left, bar) -> bool:
+        """Take the next item of a job's task; True when the job is over."""
         label = unit["job"]["label"]
         try:
-            what, rec = ray.get(ref)
+            what, rec = ray.get(next(gen))
+        except StopIteration:
+            self._skip(unit, "its task ended without a result", refs_left, bar)
+            return True
         except ray.exceptions.TaskCancelledError:
-            return
+            return True
         except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
                 ray.exceptions.ObjectLostError) as err:
-            cold[unit["node"]] += 1
             if unit["tries"] <= self.retries:
-                queue.appendleft(unit)  # a worker killed by something else: again
-                return
+                queue.appendleft(unit)  # the worker died (a crash, or killed): again
+                return True
             self._failed(unit, Status.RUNTIME_ERROR,
                          f"the Ray worker died while profiling it, {unit['tries']} times "
                          f"(a crash of the kernel, or the process was killed): "
                          f"{type(err).__name__}", refs_left, bar)
-            return
+            return True
         except Exception as err:  # noqa: BLE001 - the harness failed, not the kernel
-            msg = str(err).strip().splitlines()
-            self.skipped.append(f"skipped {label}: {msg[-1] if msg else type(err).__name__}")
-            self.report(self.skipped[-1])
-            self._done_ref(unit, refs_left)
-            bar.update(f"{label} (skipped)")
-            return
+            lines = str(err).strip().splitlines()
+            self._skip(unit, lines[-1] if lines else type(err).__name__, refs_left, bar)
+            return True
+        if what == "started":
+            unit["started"] = time.monotonic()
+            return False
         self._done_ref(unit, refs_left)
         if what == "stale":
             self.stale.setdefault(unit["env"], []).extend(unit["job"]["flags"])
@@ -323,6 +332,14 @@ class _Driver:
                 if len(self.batch) >= BATCH:
                     self._flush()
             bar.update(f"{label}: {rec['status']}")
+        return True
+
+    def _skip(self, unit: dict, why: str, refs_left: dict, bar) -> None:
+        """A harness failure: reported, nothing recorded, the job left for the next sweep."""
+        self.skipped.append(f"skipped {unit['job']['label']}: {why}")
+        self.report(self.skipped[-1])
+        self._done_ref(unit, refs_left)
+        bar.update(f"{unit['job']['label']} (skipped)")
 
     def _failed(self, unit: dict, status: Status, why: str, refs_left: dict, bar) -> None:
         """Record a job the fleet could not measure (TIMEOUT, worker died)."""
@@ -391,10 +408,21 @@ def _worker_store(url: str) -> Any:
 
 
 def _run_job(job: dict, env_id: str, url: str | None, budget_s: float | None,
+             cores: int) -> Iterator[tuple[str, dict | None]]:
+    """One job on a Ray worker (a streaming task): yields ("started", None), then
+    ("measured", trace), ("stale", None) when no kernel here matches, or ("claimed", None)
+    when another fleet has it. With `url` (a PostgreSQL store) the worker writes the trace
+    itself, under a claim."""
+    from tgx.profiling.pending import resolve_kernel
+
+    with contextlib.suppress(Exception):  # imports its backend: not part of the timeout
+        resolve_kernel(job)
+    yield "started", None
+    yield _one_job(job, env_id, url, budget_s, cores)
+
+
+def _one_job(job: dict, env_id: str, url: str | None, budget_s: float | None,
              cores: int) -> tuple[str, dict | None]:
-    """One job on a Ray worker, on a core set of its own: ("measured", trace), ("stale",
-    None) when no kernel here matches, ("claimed", None) when another fleet has it. With
-    `url` (a PostgreSQL store) the worker writes the trace itself, under a claim."""
     with _core_set(cores):
         if url is None:
             rec = measure_job(job, env_id, budget_s)
