@@ -4,6 +4,14 @@ write), open time, and the planner's cached queries (`best()`, the nearest-workl
 
 Run standalone:  python bench/bench_store.py [--engines tinydb,sqlite,postgresql]
                  [--sizes 10000,100000] [--batch 5000] [--pg-url URL]
+                 [--fleet] [--fleet-budget 0.05]
+
+`--fleet` adds the profiling fleet's throughput against the sequential profiler: the same
+pending kernels (the "fastest" policy's flags for an elementwise chain and a matmul + relu
+at three sizes, NumPy, torch and JAX kernels) measured by ``tgx profile --pending`` in one
+process, and by `profile_fleet` on a local Ray with this machine's cores (one core per
+timing), into an SQLite store (the driver writes) and a PostgreSQL store (the workers
+write); `--fleet-only` skips the engine rows.
 
 PostgreSQL: `--pg-url` names an empty database; without it a throw-away server is started
 from the local PostgreSQL binaries (tests/store/pgserver.py), fsync on, as a real server
@@ -122,18 +130,95 @@ def bench_engine(engine: str, make_url, size: int, batch: int, queries: int,
     return out
 
 
+BACKENDS = ["numpy", "torch", "jax"]
+
+
+def _flag_sweep(url: str, sizes: tuple = ((4096, 262144, 4194304), (16, 256, 1024))) -> int:
+    """Pending flags of the "fastest" policy for an elementwise chain and a matmul + relu,
+    each at three sizes, on NumPy, torch and JAX; how many."""
+    import numpy as np
+
+    import tgx
+    import tgx.nn as tnn
+    import tgx.numpy as tnp
+
+    rng = np.random.default_rng(0)
+    with BenchmarkStore(url) as st:
+        for n in sizes[0]:
+            x = rng.standard_normal(n).astype(np.float32)
+            tgx.compile(lambda v: tnp.tanh(tnp.exp(v) * 2.0) - v, store=st,
+                        backends=BACKENDS).lower(x)
+        for m in sizes[1]:
+            a = rng.standard_normal((m, 1024)).astype(np.float32)
+            w = rng.standard_normal((1024, 1024)).astype(np.float32)
+            tgx.compile(lambda u, v: tnn.relu(u @ v), store=st, backends=BACKENDS).lower(a, w)
+        return len(st.pending())
+
+
+WARMUP = ((64,), (4,))  # other shapes: no JAX compile cache is shared with the sweep
+
+
+def bench_fleet(make_url, engine: str, budget: float) -> dict:
+    """The same pending kernels profiled sequentially (``tgx profile --pending``) and by a
+    local Ray fleet. Warm: the process, or the fleet's workers, first profiled the same
+    graphs at other shapes (imports of tgx, torch and JAX done; no compile cache shared);
+    cold: a fresh Ray whose workers start during the sweep, as ``tgx profile --ray`` runs
+    (plus Ray's own start, shown apart)."""
+    import ray
+
+    from tgx.cli import main as tgx_main
+    from tgx.profiling.fleet import profile_fleet
+
+    def flags(sizes=None) -> tuple[str, int]:
+        url = make_url()
+        return url, _flag_sweep(url, *(() if sizes is None else (sizes,)))
+
+    (seq_url, n), (warm_url, n_warm), (cold_url, n_cold) = flags(), flags(), flags()
+    assert n == n_warm == n_cold
+    with contextlib.redirect_stdout(open(os.devnull, "w")):
+        for url in (flags(WARMUP)[0], seq_url):  # the last one timed
+            t0 = time.perf_counter()
+            tgx_main(["profile", "--pending", "--store", url, "--budget", str(budget),
+                      "--no-progress"])
+    t_seq = time.perf_counter() - t0
+    wall = {}
+    for url, warm in ((warm_url, True), (cold_url, False)):
+        t0 = time.perf_counter()
+        ray.init(include_dashboard=False, log_to_driver=False)  # this machine's cores
+        t_init = time.perf_counter() - t0
+        try:
+            if warm:
+                with BenchmarkStore(flags(WARMUP)[0]) as st:
+                    profile_fleet(st, budget_s=budget, progress=False)
+            with BenchmarkStore(url) as st:
+                sweep = profile_fleet(st, budget_s=budget, progress=False)
+                assert len(st.traces()) == n and st.pending() == []
+                wall[warm] = sweep.wall_s
+        finally:
+            ray.shutdown()
+    return {"engine": engine, "jobs": n, "seq_s": t_seq, "cold_s": wall[False],
+            "warm_s": wall[True], "init_s": t_init, "slots": sweep.slots}
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Print one row per engine and store size."""
+    """Print one row per engine and store size (and, with --fleet, the sweeps)."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--engines", default="tinydb,sqlite,postgresql")
     ap.add_argument("--sizes", default="10000,100000")
     ap.add_argument("--batch", type=int, default=5_000)
     ap.add_argument("--queries", type=int, default=100_000)
     ap.add_argument("--pg-url", help="an empty PostgreSQL database (default: a local one)")
+    ap.add_argument("--fleet", action="store_true",
+                    help="also the Ray fleet against the sequential profiler")
+    ap.add_argument("--fleet-only", action="store_true", help="only the fleet figures")
+    ap.add_argument("--fleet-budget", type=float, default=0.05,
+                    help="timing budget per kernel in the sweeps (s)")
     args = ap.parse_args(argv)
+    if args.fleet_only:
+        args.fleet, args.sizes = True, ""
     engines = args.engines.split(",")
-    sizes = [int(s) for s in args.sizes.split(",")]
-    rows = []
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    rows, fleet = [], []
     with tempfile.TemporaryDirectory() as tmp, \
             _postgres(args.pg_url if "postgresql" in engines else "-") as pg:
         counter = iter(range(10**6))
@@ -153,6 +238,29 @@ def main(argv: list[str] | None = None) -> None:
                       f"tolerance {r['best_tol_us']:.2f} us, workloads_for "
                       f"{r['near_us']:.2f} us; best() checking every query "
                       f"{r['best_checked_us']:.1f} us", flush=True)
+        if args.fleet:
+            for engine in ("sqlite", "postgresql"):
+                if engine in engines and makers.get(engine) is not None:
+                    f = bench_fleet(makers[engine], engine, args.fleet_budget)
+                    fleet.append(f)
+                    print(f"{engine:<10} sweep of {f['jobs']} kernels: sequential "
+                          f"{f['seq_s']:.1f} s; fleet on {f['slots']} core sets "
+                          f"{f['warm_s']:.1f} s (warm workers), {f['cold_s']:.1f} s (workers "
+                          f"starting) +{f['init_s']:.1f} s to start Ray", flush=True)
+    if fleet:
+        print()
+        print("| store | kernels | sequential, warm | Ray fleet, warm workers | Ray fleet, "
+              "workers starting | + Ray start |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for f in fleet:
+            j = f["jobs"]
+            print(f"| {f['engine']} | {j} | {f['seq_s']:.1f} s ({j / f['seq_s']:.1f}/s) | "
+                  f"{f['warm_s']:.1f} s ({j / f['warm_s']:.1f}/s, "
+                  f"{f['seq_s'] / f['warm_s']:.2f}x) | {f['cold_s']:.1f} s "
+                  f"({j / f['cold_s']:.1f}/s, {f['seq_s'] / f['cold_s']:.2f}x) | "
+                  f"{f['init_s']:.1f} s |")
+    if not rows:
+        return
     print()
     print(f"| engine | traces | insert, batches of {args.batch} | insert, one per write | "
           "open | `best()` | `best(tolerance=)` | `workloads_for()` | `best()`, `refresh_s=0` |")
