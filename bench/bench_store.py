@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -159,14 +160,14 @@ WARMUP = ((64,), (4,))  # other shapes: no JAX compile cache is shared with the 
 
 
 def bench_fleet(make_url, engine: str, budget: float) -> dict:
-    """The same pending kernels profiled sequentially (``tgx profile --pending``) and by a
-    local Ray fleet. Warm: the process, or the fleet's workers, first profiled the same
+    """The same pending kernels profiled sequentially (``tgx profile --pending``, in a
+    process of its own) and by a local Ray fleet. Warm: that process, or the fleet's
+    workers, first profiled the same
     graphs at other shapes (imports of tgx, torch and JAX done; no compile cache shared);
     cold: a fresh Ray whose workers start during the sweep, as ``tgx profile --ray`` runs
     (plus Ray's own start, shown apart)."""
     import ray
 
-    from tgx.cli import main as tgx_main
     from tgx.profiling.fleet import profile_fleet
 
     def flags(sizes=None) -> tuple[str, int]:
@@ -175,12 +176,17 @@ def bench_fleet(make_url, engine: str, budget: float) -> dict:
 
     (seq_url, n), (warm_url, n_warm), (cold_url, n_cold) = flags(), flags(), flags()
     assert n == n_warm == n_cold
-    with contextlib.redirect_stdout(open(os.devnull, "w")):
-        for url in (flags(WARMUP)[0], seq_url):  # the last one timed
-            t0 = time.perf_counter()
-            tgx_main(["profile", "--pending", "--store", url, "--budget", str(budget),
-                      "--no-progress"])
-    t_seq = time.perf_counter() - t0
+    # in a process of its own: this one's JAX compile cache holds the other engine's sweep
+    code = ("import sys, time, contextlib, os; from tgx.cli import main\n"
+            "with contextlib.redirect_stdout(open(os.devnull, 'w')):\n"
+            "    for url in sys.argv[2:]:  # the last one timed\n"
+            "        t0 = time.perf_counter()\n"
+            "        main(['profile', '--pending', '--store', url, '--budget', sys.argv[1],\n"
+            "              '--no-progress'])\n"
+            "print(time.perf_counter() - t0)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(budget), flags(WARMUP)[0], seq_url],
+                       capture_output=True, text=True, check=True)
+    t_seq = float(r.stdout.strip().splitlines()[-1])
     wall = {}
     for url, warm in ((warm_url, True), (cold_url, False)):
         t0 = time.perf_counter()
