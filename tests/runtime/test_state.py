@@ -297,3 +297,131 @@ def test_measured_policy_keeps_the_inplace_update(tmp_path):
     np.testing.assert_array_equal(cache[:, 0], [1, 2, 0, 0])
     plan = f.lower(cache, np.ones(3, np.float32), np.int32(0))
     assert "dynamic_update_slice[inplace]@numpy" in labels(plan)
+
+
+# -- elementwise updates written straight into the state buffer ---------------------------------
+
+NOT_JAX = [b for b in BACKENDS if b.values[0] != "jax"]
+
+
+@pytest.mark.parametrize("backend", NOT_JAX)
+def test_optimizer_step_writes_its_update_into_the_state(backend):
+    """Adam's new params and moments are elementwise ops of the old ones: each runs with the
+    caller's array (or its zero-copy torch view) as its output, so no leaf is copied."""
+    from tgx import optim
+
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal((8, 4)).astype(np.float32),
+              "b": np.zeros(4, np.float32)}
+    x = rng.standard_normal((16, 8)).astype(np.float32)
+    y = rng.standard_normal((16, 4)).astype(np.float32)
+    opt = optim.adam(1e-2)
+
+    def step(p, s, x, y):
+        v, g = tgx.value_and_grad(lambda p: tnp.mean((x @ p["w"] + p["b"] - y) ** 2))(p)
+        u, s = opt.update(g, s, p)
+        return v, (optim.apply_updates(p, u), s)
+
+    f = tgx.compile(step, state=("p", "s"), backends=[backend], policy="heuristic")
+    ref = tgx.compile(step, backends=["numpy"], policy="heuristic")   # new arrays each call
+    s = opt.init(params)
+    p_ref, s_ref = {k: v.copy() for k, v in params.items()}, opt.init(params)
+    w_obj = params["w"]
+    for _ in range(4):
+        loss, (params, s) = f(params, s, x, y)
+        loss_ref, (p_ref, s_ref) = ref(p_ref, s_ref, x, y)
+        np.testing.assert_allclose(loss, loss_ref, rtol=1e-6)
+    assert params["w"] is w_obj
+    for got, want in zip(tgx.tree_flatten((params, s))[0], tgx.tree_flatten((p_ref, s_ref))[0]):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+    cg = f.lower(params, s, x, y).compiled
+    assert not any(copy for _, _, copy in cg.state), cg.state_reasons
+    assert sum("[into state]" in i.label for i in cg.instructions) == len(cg.state)
+
+
+def _old_and_new(s, x):
+    """Readers of the old state before and after (in program order) its elementwise update."""
+    before = tnp.sum(s, axis=0)
+    new = s * 0.5 + x
+    after = s.T @ x                          # reads the old s after the update was traced
+    return (before, after), new
+
+
+@pytest.mark.parametrize("backend", NOT_JAX)
+def test_readers_of_the_old_state_run_before_the_elementwise_write(backend):
+    f = tgx.compile(_old_and_new, state="s", policy="heuristic", backends=[backend])
+    s = np.arange(12, dtype=np.float32).reshape(4, 3)
+    x = np.full((4, 3), 10, np.float32)
+    old = s.copy()
+    (before, after), new = f(s, x)
+    assert new is s
+    np.testing.assert_allclose(before, old.sum(0))
+    np.testing.assert_allclose(after, old.T @ x)
+    np.testing.assert_allclose(s, old * 0.5 + x)
+    assert any("[into state]" in i.label for i in f.lower(s, x).compiled.instructions)
+
+
+def test_elementwise_update_reading_a_view_of_the_state_is_copied():
+    def f(s):
+        return tnp.sum(s), s + s.T           # reads the state transposed while writing it
+
+    g = tgx.compile(f, state="s", policy="heuristic", backends=["numpy"])
+    s = np.arange(9, dtype=np.float32).reshape(3, 3)
+    old = s.copy()
+    _, new = g(s)
+    assert new is s
+    np.testing.assert_array_equal(s, old + old.T)
+    cg = g.lower(s).compiled
+    assert cg.state[0][2] and "view of the state" in cg.state_reasons[0]
+
+
+def test_elementwise_update_of_a_broadcast_result_is_copied():
+    def f(s, x):
+        return tnp.sum(x), s[:1] + x          # shape (1, 3) + (4, 3): not s's own window
+
+    g = tgx.compile(f, state="s", policy="heuristic", backends=["numpy"])
+    s = np.arange(12, dtype=np.float32).reshape(4, 3)
+    x = np.ones((4, 3), np.float32)
+    old = s.copy()
+    g(s, x)
+    np.testing.assert_array_equal(s, old[:1] + x)
+
+
+@st.composite
+def state_programs(draw):
+    """A few elementwise steps over (s, x) and the old-state readers around them."""
+    ops = draw(st.lists(st.sampled_from(["add_x", "mul_s", "sub_s", "scale", "neg", "max_x"]),
+                        min_size=1, max_size=4))
+    readers = draw(st.lists(st.sampled_from(["sum", "row", "matmul"]), max_size=3))
+    return ops, readers
+
+
+def _apply(ops, readers, s, x, lib):
+    outs = []
+    v = s
+    for i, op in enumerate(ops):
+        v = {"add_x": lambda v: v + x, "mul_s": lambda v: v * s, "sub_s": lambda v: v - s,
+             "scale": lambda v: v * 0.25, "neg": lambda v: -v,
+             "max_x": lambda v: lib.maximum(v, x)}[op](v)
+        if i < len(readers):
+            r = readers[i]
+            outs.append({"sum": lambda: lib.sum(s, axis=1), "row": lambda: s[1] * 1.0,
+                         "matmul": lambda: s @ x.T}[r]())
+    return tuple(outs), v
+
+
+@pytest.mark.parametrize("backend", NOT_JAX)
+@given(state_programs())
+def test_elementwise_state_updates_match_numpy(backend, prog):
+    ops, readers = prog
+    f = tgx.compile(lambda s, x: _apply(ops, readers, s, x, tnp), state="s",
+                    policy="heuristic", backends=[backend])
+    rng = np.random.default_rng(len(ops) * 7 + len(readers))
+    s = rng.standard_normal((4, 3)).astype(np.float32)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    want_outs, want = _apply(ops, readers, s.copy(), x, np)
+    outs, new = f(s, x)
+    assert new is s
+    np.testing.assert_allclose(s, want, rtol=1e-6, atol=1e-6)
+    for got, exp in zip(outs, want_outs):
+        np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-5)

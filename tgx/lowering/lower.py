@@ -166,6 +166,33 @@ def _inplace_instruction(e, b, slot_of, lit_slot, index):
                        returns_view=True, view_of=(0,))
 
 
+def _inplace_aliases(graph, eqns, kernels, sp, state) -> set:
+    """Ids of the values that may share memory with a state buffer updated in place: its
+    input, the updates' results, and every copy or view of those."""
+    if not sp.inplace:
+        return set()
+    out = {graph.invars[a].id for (a, _), copy in zip(state, sp.copy) if not copy}
+    for j, (e, k) in enumerate(zip(eqns, kernels)):
+        if j in sp.inplace or (any(isinstance(x, Var) and x.id in out for x in e.invars)
+                               and (_is_transfer(e) or getattr(k, "returns_view", True))):
+            out.update(v.id for v in e.outvars)
+    return out
+
+
+def _into_state_instruction(e, kernel, b, buffer, slot_of, lit_slot, index):
+    """An elementwise op writing its result into a state buffer (`buffer`, its first input):
+    `fn(buf, *operands)` calls the kernel with `out=buf`."""
+    ins = (slot_of(buffer),) + tuple(lit_slot(a, b) if isinstance(a, Literal) else slot_of(a)
+                                     for a in e.invars)
+
+    def build(dims, out):
+        fn = kernel.bind(_params(e, dims), None)
+        return lambda buf, *xs: fn(*xs, out=buf)
+
+    return Instruction(f"{kernel!r}[into state]", b, build, ins, (slot_of(e.outvars[0]),),
+                       (e.outvars[0].aval,), (index,), returns_view=True, view_of=(0,))
+
+
 def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bool = True,
                      use_workspace: bool = True, device: str = "cpu",
                      weights: Sequence[int] = (), state: Sequence[tuple[int, int]] = ()
@@ -232,16 +259,18 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
 
     # A region that takes host arrays (`Backend.region_takes_host`) reads a host value it
     # would get through a copy_to as the host value itself; the copy goes when nothing else
-    # reads it. Not for weights (bound once) or constants (converted once), and not in a plan
-    # that updates state in place: an update could land between the copy and the region.
+    # reads it. Not for weights (bound once) or constants (converted once), and not for a
+    # value sharing memory with a state buffer updated in place: an update could land between
+    # the copy and the region.
     home = {v.id: host for v in (*graph.invars, *graph.constvars)}
     for e, b in zip(eqns, backends):
         for v in e.outvars:
             home[v.id] = b
-    no_pass = set(weight_of) | set(const_value)
+    no_pass = set(weight_of) | set(const_value) | _inplace_aliases(graph, eqns, kernels, sp,
+                                                                     state)
     through: dict[int, Var] = {}
     for e, b in zip(eqns, backends):
-        if (_is_transfer(e) and isinstance(e.invars[0], Var) and fuse_regions and not sp.inplace
+        if (_is_transfer(e) and isinstance(e.invars[0], Var) and fuse_regions
                 and objs[b].fuses_regions
                 and objs[b].region_takes_host(e.params.get("device", HOST))
                 and home[e.invars[0].id] == host and e.invars[0].id not in no_pass):
@@ -283,6 +312,11 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
     instrs: list[Instruction] = []
     i = 0
     while i < len(eqns):
+        if i in sp.buffers:
+            instrs.append(_into_state_instruction(eqns[i], kernels[i], backends[i],
+                                                  sp.buffers[i], slot_of, lit_slot, i))
+            i += 1
+            continue
         if i in sp.inplace:
             instrs.append(_inplace_instruction(eqns[i], backends[i], slot_of, lit_slot, i))
             i += 1

@@ -43,7 +43,8 @@ def schedule(bg, state: Sequence[tuple[int, int]] = ()) -> tuple:
     if sp.order != list(range(len(bg.eqns))):
         pos = {j: t for t, j in enumerate(sp.order)}
         sp = StatePlan(list(range(len(bg.eqns))), frozenset(pos[j] for j in sp.inplace),
-                       sp.copy, sp.reasons, sp.alias_outs)
+                       sp.copy, sp.reasons, sp.alias_outs,
+                       {pos[j]: v for j, v in sp.buffers.items()})
         bg = bg.reordered([j for j in sorted(pos, key=pos.get)])
     return bg, sp
 

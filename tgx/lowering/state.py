@@ -3,8 +3,12 @@
 A state pair is (graph input S, graph output O): O is the new value of S, written into the
 caller's array. When O is reached from S through `dynamic_update_slice`s (their operand
 chain) and zero-copy transfers only, on backends that can write in place (NumPy, torch), every
-update of that chain writes just its window into S's buffer ("in place"); otherwise the
-result is copied into the caller's array once, at the end of the call ("copy").
+update of that chain writes just its window into S's buffer ("in place"). When O is the
+result of an elementwise op of S's shape and dtype run by a kernel that writes into a given
+buffer (an optimizer's `p - lr * u`, `b1 * m + (1 - b1) * g`), that op writes O straight into
+S's buffer (the caller's array, or its zero-copy view on torch): an elementwise op may read
+the very buffer it writes, index for index. Otherwise the result is copied into the caller's
+array once, at the end of the call ("copy").
 
 An in-place update destroys the value it overwrites, so every reader of an older *version* of
 the buffer (S itself, a view of it, an earlier update of the chain) must run before it. The
@@ -19,11 +23,12 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ..backends import get_backend
+from ..backends import get_backend, host_name
 from ..core import Graph, Var
 from ..devices import HOST
+from ..shapes import shapes_provably_equal
 
 
 def inplace_fn(name: str, backend: str):
@@ -47,6 +52,9 @@ class StatePlan:
     #: indices of graph outputs (not state outputs) that may share memory with a state
     #: buffer: copied before they are returned
     alias_outs: tuple = ()
+    #: elementwise updates (equation index → the variable holding S's buffer on its
+    #: backend): the op writes its result into that buffer
+    buffers: dict = field(default_factory=dict)
 
 
 def _zero_copy_transfer(e, backend: str) -> bool:
@@ -81,6 +89,31 @@ def _chain(graph, eqns, backends, producer, s_var, o_atom):
     return chain, ""
 
 
+def _elementwise_update(eqns, backends, kernels, producer, s_var, o_atom, host: str):
+    """(equation index, S's buffer variable on its backend) when O is an elementwise op that
+    can write into S's buffer (see the module doc), else None."""
+    j = producer.get(o_atom.id) if isinstance(o_atom, Var) else None
+    while j is not None and _zero_copy_transfer(eqns[j], backends[j]):  # back to the host
+        x = eqns[j].invars[0]
+        j = producer.get(x.id)
+    if j is None:
+        return None
+    e, b, k = eqns[j], backends[j], kernels[j]
+    if not (e.primitive.elementwise and len(e.outvars) == 1 and k is not None
+            and k.writes_out and k.dtype_exact and get_backend(b).inplace):
+        return None
+    s, o = s_var.aval, o_atom.aval
+    if s.dtype != o.dtype or not shapes_provably_equal(s.shape, o.shape):
+        return None
+    if b == host:
+        return j, s_var
+    for te, tb in zip(eqns, backends):  # S's zero-copy view on b
+        if (_zero_copy_transfer(te, tb) and te.invars[0].id == s_var.id
+                and te.params.get("backend") == b):
+            return j, te.outvars[0]
+    return None
+
+
 def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: Sequence,
                state: Sequence[tuple[int, int]]) -> StatePlan:
     """Decide in place / copy per state pair and the schedule (indices into `eqns`)."""
@@ -97,8 +130,17 @@ def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: S
 
     chains: dict[int, list] = {}
     reasons = [""] * len(state)
+    buffers: dict[int, Var] = {}      # elementwise update -> S's buffer variable
+    taken: set = set()
     for p, (a, o) in enumerate(state):
         chain, why = _chain(graph, eqns, backends, producer, graph.invars[a], graph.outvars[o])
+        if chain is None:
+            hit = _elementwise_update(eqns, backends, kernels, producer, graph.invars[a],
+                                      graph.outvars[o], host_name())
+            if hit is not None and hit[0] not in taken:  # one op cannot write two buffers
+                chain = [hit[0]]
+                buffers[hit[0]] = hit[1]
+                taken.add(hit[0])
         if chain is None:
             reasons[p] = why
         else:
@@ -120,6 +162,14 @@ def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: S
             if not isinstance(x, Var) or x.id not in alias:
                 continue
             for p, ver in alias[x.id].items():
+                if j in buffers and in_chain.get(j) == p:
+                    # an elementwise update may read the buffer it writes, index for index
+                    if x.id not in (graph.invars[state[p][0]].id, buffers[j].id) or \
+                            not shapes_provably_equal(x.aval.shape, e.outvars[0].aval.shape):
+                        reasons[p] = reasons[p] or ("the update reads a view of the state "
+                                                    "it overwrites")
+                    seen[p] = min(ver, seen.get(p, ver))
+                    continue
                 if in_chain.get(j) == p and k == 0:
                     continue  # the chain's own operand
                 if in_chain.get(j) == p:  # an update reads its own buffer as update/index
@@ -127,7 +177,12 @@ def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: S
                 seen[p] = min(ver, seen.get(p, ver))
         for p, ver in seen.items():
             readers[p].append((j, ver))
-        if j in in_chain:
+        if j in buffers:  # writes version 1 of its pair's buffer
+            p = in_chain[j]
+            updates[p].append(j)
+            for v in e.outvars:
+                alias.setdefault(v.id, {})[p] = 1
+        elif j in in_chain:
             p = in_chain[j]
             ver = alias[e.invars[0].id][p]
             if e.primitive.name == "dynamic_update_slice":
@@ -179,15 +234,18 @@ def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: S
     for p in list(chains):
         if reasons[p]:
             del chains[p]
+    buffers = {j: v for j, v in buffers.items() if in_chain[j] in chains}
     edges = [(j, u) for j, u in edges if any(u in updates[p] for p in chains)]
+    # an elementwise update reads S's buffer without naming it: after the view is made
+    edges += [(producer[v.id], j) for j, v in buffers.items() if v.id in producer]
     order = _stable_topo(eqns, producer, edges) if edges else identity
     if order is None:  # the orderings of several pairs contradict each other
         for p in chains:
             reasons[p] = "the updates of several state buffers cannot all run last"
-        chains, order = {}, identity
+        chains, order, buffers = {}, identity, {}
     inplace = frozenset(j for p in chains for j in updates[p])
     copy = tuple(p not in chains for p in range(len(state)))
-    return StatePlan(order, inplace, copy, tuple(reasons), tuple(alias_outs))
+    return StatePlan(order, inplace, copy, tuple(reasons), tuple(alias_outs), buffers)
 
 
 def _descendants(j: int, users: list) -> set:
