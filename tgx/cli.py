@@ -28,6 +28,7 @@ from typing import Any
 from tgx import __version__
 from tgx.errors import TgxError
 from tgx.profiling import format_seconds, profile_many, summarize
+from tgx.profiling.fleet import profile_fleet
 from tgx.profiling.pending import (
     equation_from,
     pending_jobs,
@@ -282,8 +283,6 @@ def _cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _profile_fleet(args: argparse.Namespace) -> int:
-    from tgx.profiling.fleet import profile_fleet
-
     skipped: list[str] = []
 
     def report(msg: str) -> None:

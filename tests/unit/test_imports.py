@@ -20,6 +20,7 @@ DEFERRED = {
     "threadpoolctl": "inspects every loaded BLAS library when imported",
     "numba": "optional and heavy (LLVM): imported when a generated kernel first compiles",
     "scipy": "0.15 s of `import tgx`: only NumPy references of a few ops (erf, expit) use it",
+    "ray": "optional (the fleet extra) and ~0.3 s: only `tgx profile --ray` uses it",
 }
 
 

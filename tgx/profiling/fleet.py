@@ -36,11 +36,12 @@ from tgx.profiling.pending import (
     measure_job,
     pending_jobs,
     refused_record,
+    resolve_kernel,
     settle_flags,
 )
 from tgx.profiling.progress import Progress
 from tgx.profiling.speedup import fill_speedup, is_reference
-from tgx.store import Status
+from tgx.store import BenchmarkStore, Status, sniff_environment
 from tgx.store.schema import TRACE_FIELDS
 
 #: Seconds a job may wait for a worker to start it (a fresh process imports tgx); past it,
@@ -145,8 +146,7 @@ class _Driver:
     def _nodes(self) -> dict[str, dict]:
         """{node id: {"env": env record, "slots": n}} of the live nodes a job fits on."""
         ray = self.ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+        pin = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         fits = [n for n in nodes if n.get("Resources", {}).get("CPU", 0) >= self.cores]
         if not fits:
@@ -155,8 +155,8 @@ class _Driver:
                                          f"{n.get('Resources', {}).get('CPU', 0):g} CPUs"
                                          for n in nodes) + "); give fewer --cores")
         probe = ray.remote(num_cpus=0, max_retries=1)(_probe)
-        refs = {n["NodeID"]: probe.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-            n["NodeID"], soft=False)).remote() for n in fits}
+        refs = {n["NodeID"]: probe.options(scheduling_strategy=pin(n["NodeID"], soft=False))
+                .remote() for n in fits}
         out = {}
         for n in fits:
             try:
@@ -190,8 +190,7 @@ class _Driver:
 
     def run(self, t0: float) -> Sweep:
         ray = self.ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
+        pin = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy
         nodes = self._nodes()
         for n in nodes.values():
             self.store.add_environment(n["env"])
@@ -223,8 +222,8 @@ class _Driver:
                         free[nid] -= 1
                         unit.update(node=nid, t=time.monotonic(), started=None)
                         unit["tries"] += 1
-                        gen = run.options(num_cpus=self.cores, scheduling_strategy=(
-                            NodeAffinitySchedulingStrategy(nid, soft=False))).remote(
+                        gen = run.options(num_cpus=self.cores, scheduling_strategy=pin(
+                            nid, soft=False)).remote(
                                 unit["job"], n["env"]["id"], url, self.budget_s, self.cores)
                         running[gen] = unit
                 if not running:
@@ -373,8 +372,6 @@ def _gwe(unit: dict) -> tuple:
 
 def _record_keys(store: Any, job: dict) -> None:
     """The workload and implementation records a job's trace names."""
-    from tgx.profiling.pending import resolve_kernel
-
     desc = job["equation"]
     inputs = [(tuple(d[0]), d[1]) for d in desc["inputs"] if not isinstance(d, dict)]
     store.add_workload(job["graph_hash"], desc.get("axes", {}), inputs)
@@ -389,8 +386,6 @@ def _record_keys(store: Any, job: dict) -> None:
 
 def _probe() -> dict:
     """This node's environment (`sniff_environment`), on a Ray worker."""
-    from tgx.store import sniff_environment
-
     return sniff_environment()
 
 
@@ -401,8 +396,6 @@ def _worker_store(url: str) -> Any:
     """The worker process's own connection to the store (kept between jobs)."""
     st = _STORES.get(url)
     if st is None:
-        from tgx.store import BenchmarkStore
-
         st = _STORES[url] = BenchmarkStore(url)
     return st
 
@@ -413,8 +406,6 @@ def _run_job(job: dict, env_id: str, url: str | None, budget_s: float | None,
     ("measured", trace), ("stale", None) when no kernel here matches, or ("claimed", None)
     when another fleet has it. With `url` (a PostgreSQL store) the worker writes the trace
     itself, under a claim."""
-    from tgx.profiling.pending import resolve_kernel
-
     with contextlib.suppress(Exception):  # imports its backend: not part of the timeout
         resolve_kernel(job)
     yield "started", None
