@@ -5,14 +5,22 @@ its matrix products, wherever a model contains it (`tgx.planning.kernel_patterns
 - `residual_rms_norm`: `x + rms_norm(h, w)`, a residual add of a normalised branch;
 - `residual_rms_norm_1p`: `x + rms_norm(h, 1 + w)`, the same in Gemma's form;
 - `gelu_tanh_gate`: `gelu(a, approximate="tanh") * b`, the GeGLU gate of an MLP;
+- `silu_gate`: `silu(a) * b`, the SwiGLU gate;
 - `masked_softmax`, `scaled_masked_softmax`: `softmax(where(mask, s [* scale], -inf))`, the
-  attention weights of a hand-written attention (a mask of the scores' shape or (L, S)).
+  attention weights of a hand-written attention (a mask of the scores' shape or (L, S));
+- `rotary_emb`: `x * cos + rotate_half(x) * sin`, RoPE written out (a hand-written RoPE, and
+  the decomposition of the `apply_rotary_emb` primitive, which has the same loop as its own
+  numba kernel);
+- `lstm_gates`, `gru_gates`: an LSTM / GRU cell after its two GEMMs (the bias adds, the gate
+  nonlinearities, the state update; the LSTM's is a two-output pattern, (h', c')), as
+  `lstm_cell` / `gru_cell` decompose.
 
 Each reads its inputs once and writes its output once, where the op-by-op form makes a pass
 (and, in a plan, an instruction) per op. The epsilon of the norms is a wildcard param, so one
-kernel serves every model's value. The gate evaluates tanh by a rational approximation LLVM
-vectorizes (the one Eigen and XLA use for float32; `math.tanh` is a scalar libm call, 4x
-slower here); it is checked against float64 like every pattern kernel before it is offered.
+kernel serves every model's value. tanh is a rational approximation LLVM vectorizes (the one
+Eigen and XLA use for float32; `math.tanh` is a scalar libm call, 4x slower here), and the
+sigmoid is (1 + tanh(x / 2)) / 2 (numba's `exp` stays a scalar call too); each kernel is
+checked against float64 like every pattern kernel before it is offered.
 
 All are serial (`own_pool` False): a plan with them keeps BLAS's threads for its GEMMs. They
 are NumPy-backend kernels (NumPy arrays in and out, see `tgx.backends.numba_kernels`),
@@ -36,7 +44,9 @@ from .. import numpy as tnp
 from ..shapes import Spec, float32
 from ..tracing import make_graph
 from ..graph.pattern import param_wildcards
-from .numba_kernels import HAVE_NUMBA, _jit, rms_norm_last
+from ..primitives.rnn import _chunks
+from .numba_kernels import HAVE_NUMBA, _jit, rms_norm_last, rope_f32
+from .numba_kernels import _rope_checker as _numba_rope_checker
 from .registry import Kernel, add_kernel
 
 NAME = "numpy"
@@ -51,30 +61,95 @@ _B0 = 4.89352518554385e-03
 _CLAMP = 7.90531110763549805
 
 
+def _tanh32_py(u):
+    """tanh(u), float32, as x·P(x²)/Q(x²) (see `_A13`): branch-free, so loops vectorize."""
+    lim = np.float32(_CLAMP)
+    u = min(max(u, -lim), lim)
+    u2 = u * u
+    p = u2 * np.float32(_A13) + np.float32(_A11)
+    p = u2 * p + np.float32(_A9)
+    p = u2 * p + np.float32(_A7)
+    p = u2 * p + np.float32(_A5)
+    p = u2 * p + np.float32(_A3)
+    p = u2 * p + np.float32(_A1)
+    q = u2 * np.float32(_B6) + np.float32(_B4)
+    q = u2 * q + np.float32(_B2)
+    q = u2 * q + np.float32(_B0)
+    return u * p / q
+
+
+def _sigmoid32_py(x):
+    """1 / (1 + exp(-x)) as (1 + tanh(x / 2)) / 2: numba's exp is a scalar libm call here
+    (4 ns an element, 10x NumPy's), the rational tanh vectorizes. Absolute error ~1e-7."""
+    return np.float32(0.5) + np.float32(0.5) * tanh32(np.float32(0.5) * x)
+
+
+# Replaced by their numba compilations (inlined into the loops) before a loop first compiles.
+tanh32, sigmoid32 = _tanh32_py, _sigmoid32_py
+
+
+def _jit_loop(fn):
+    """`fn` compiled serially by numba on its first call, with `tanh32` and `sigmoid32`
+    compiled first so that it can call them."""
+    loop = _jit(fn, parallel=False)
+
+    def run(*args):
+        global tanh32, sigmoid32
+        if tanh32 is _tanh32_py:
+            import numba
+
+            inline = functools.partial(numba.njit, inline="always", fastmath=True,
+                                       error_model="numpy")
+            tanh32 = inline()(_tanh32_py)
+            sigmoid32 = inline()(_sigmoid32_py)
+        return loop(*args)
+
+    run.__name__ = run.__qualname__ = fn.__name__
+    return run
+
+
 def _gelu_tanh_gate(a, b, out):
     a1, b1, o1 = a.reshape(-1), b.reshape(-1), out.reshape(-1)
     c = np.float32(0.7978845608028654)   # sqrt(2/pi)
     k = np.float32(0.044715)
-    lim = np.float32(_CLAMP)
-    a13, a11, a9, a7 = np.float32(_A13), np.float32(_A11), np.float32(_A9), np.float32(_A7)
-    a5, a3, a1c = np.float32(_A5), np.float32(_A3), np.float32(_A1)
-    b6, b4, b2, b0 = np.float32(_B6), np.float32(_B4), np.float32(_B2), np.float32(_B0)
     for i in range(a1.size):
         x = a1[i]
-        u = c * (x + k * x * x * x)
-        u = min(max(u, -lim), lim)
-        u2 = u * u
-        p = u2 * a13 + a11
-        p = u2 * p + a9
-        p = u2 * p + a7
-        p = u2 * p + a5
-        p = u2 * p + a3
-        p = u2 * p + a1c
-        p = u * p
-        q = u2 * b6 + b4
-        q = u2 * q + b2
-        q = u2 * q + b0
-        o1[i] = np.float32(0.5) * x * (np.float32(1.0) + p / q) * b1[i]
+        o1[i] = np.float32(0.5) * x * (np.float32(1.0) + tanh32(c * (x + k * x * x * x))) * b1[i]
+
+
+def _silu_gate(a, b, out):
+    a1, b1, o1 = a.reshape(-1), b.reshape(-1), out.reshape(-1)
+    for i in range(a1.size):
+        x = a1[i]
+        o1[i] = x * sigmoid32(x) * b1[i]
+
+
+def _lstm_gates(xw, b_ih, hw, b_hh, c, h_out, c_out):
+    """The LSTM cell after its two GEMMs: z = (xw + b_ih) + (hw + b_hh), gates i, f, g, o
+    the quarters of z's last axis; c' = σ(f)·c + σ(i)·tanh(g), h' = σ(o)·tanh(c')."""
+    rows, n = c.shape
+    for r in range(rows):
+        for j in range(n):
+            zi = (xw[r, j] + b_ih[j]) + (hw[r, j] + b_hh[j])
+            zf = (xw[r, n + j] + b_ih[n + j]) + (hw[r, n + j] + b_hh[n + j])
+            zg = (xw[r, 2 * n + j] + b_ih[2 * n + j]) + (hw[r, 2 * n + j] + b_hh[2 * n + j])
+            zo = (xw[r, 3 * n + j] + b_ih[3 * n + j]) + (hw[r, 3 * n + j] + b_hh[3 * n + j])
+            c2 = sigmoid32(zf) * c[r, j] + sigmoid32(zi) * tanh32(zg)
+            c_out[r, j] = c2
+            h_out[r, j] = sigmoid32(zo) * tanh32(c2)
+
+
+def _gru_gates(xw, b_ih, hw, b_hh, h, out):
+    """The GRU cell after its two GEMMs: gi = xw + b_ih, gh = hw + b_hh split in r, z, n;
+    r = σ(gi_r + gh_r), z = σ(gi_z + gh_z), n = tanh(gi_n + r·gh_n), h' = n + z·(h − n)."""
+    rows, n = h.shape
+    for r in range(rows):
+        for j in range(n):
+            rg = sigmoid32((xw[r, j] + b_ih[j]) + (hw[r, j] + b_hh[j]))
+            zg = sigmoid32((xw[r, n + j] + b_ih[n + j]) + (hw[r, n + j] + b_hh[n + j]))
+            ng = tanh32((xw[r, 2 * n + j] + b_ih[2 * n + j])
+                        + rg * (hw[r, 2 * n + j] + b_hh[2 * n + j]))
+            out[r, j] = ng + zg * (h[r, j] - ng)
 
 
 def _masked_softmax(s, mask, scale, out):
@@ -108,7 +183,10 @@ def _masked_softmax(s, mask, scale, out):
                 out[i, r, j] *= inv
 
 
-gelu_tanh_gate_loop = _jit(_gelu_tanh_gate, parallel=False)
+gelu_tanh_gate_loop = _jit_loop(_gelu_tanh_gate)
+silu_gate_loop = _jit_loop(_silu_gate)
+lstm_gates_loop = _jit_loop(_lstm_gates)
+gru_gates_loop = _jit_loop(_gru_gates)
 masked_softmax_loop = _jit(_masked_softmax, parallel=False)
 
 
@@ -117,6 +195,64 @@ def gelu_tanh_gate(a, b):
     a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
     out = np.empty_like(a)
     gelu_tanh_gate_loop(a, b, out)
+    return out
+
+
+def silu_gate(a, b):
+    """`silu(a) * b` (SwiGLU's gate), float32, one pass.
+
+    >>> a = np.array([[0.0, 2.0]], np.float32)
+    >>> y = silu_gate(a, np.ones_like(a)) if HAVE_NUMBA else np.float32([[0, 1.7616]])
+    >>> [round(float(v), 4) for v in y[0]]
+    [0.0, 1.7616]
+    """
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    out = np.empty_like(a)
+    silu_gate_loop(a, b, out)
+    return out
+
+
+def rotary_emb(x, cos, sin):
+    """`x * cos + rotate_half(x) * sin` (RoPE written out, as `apply_rotary_emb`
+    decomposes), float32, one pass over x (..., T, D) with tables cos, sin (T, D): the loop
+    of the `apply_rotary_emb` primitive's numba kernel.
+
+    >>> x, ones = np.array([[1.0, 2.0]], np.float32), np.ones((1, 2), np.float32)
+    >>> y = rotary_emb(x, 0 * ones, ones) if HAVE_NUMBA else np.float32([[-2, 1]])
+    >>> [float(v) for v in y[0]]
+    [-2.0, 1.0]
+    """
+    return rope_f32(x, cos, sin)
+
+
+def lstm_gates(xw, b_ih, hw, b_hh, c):
+    """(h', c') of an LSTM cell from its two GEMMs' outputs xw, hw (B, 4H) (gates i, f, g,
+    o), their biases (4H,) and c (B, H): what `lstm_cell` computes after `x @ w_ih.T` and
+    `h @ w_hh.T`, float32, one pass.
+
+    >>> z, b, c = np.zeros((1, 4), np.float32), np.zeros(4, np.float32), np.ones((1, 1), np.float32)
+    >>> h2, c2 = lstm_gates(z, b, z, b, c) if HAVE_NUMBA else (np.float32([[0.2311]]), c / 2)
+    >>> round(float(h2[0, 0]), 4), float(c2[0, 0])
+    (0.2311, 0.5)
+    """
+    c = np.ascontiguousarray(c)
+    h_out, c_out = np.empty_like(c), np.empty_like(c)
+    lstm_gates_loop(*map(np.ascontiguousarray, (xw, b_ih, hw, b_hh)), c, h_out, c_out)
+    return h_out, c_out
+
+
+def gru_gates(xw, b_ih, hw, b_hh, h):
+    """h' of a GRU cell from its two GEMMs' outputs xw, hw (B, 3H) (gates r, z, n), their
+    biases (3H,) and h (B, H): what `gru_cell` computes after `x @ w_ih.T` and
+    `h @ w_hh.T`, float32, one pass.
+
+    >>> z, b, h = np.zeros((1, 3), np.float32), np.zeros(3, np.float32), np.ones((1, 1), np.float32)
+    >>> float(gru_gates(z, b, z, b, h)[0, 0]) if HAVE_NUMBA else 0.5
+    0.5
+    """
+    h = np.ascontiguousarray(h)
+    out = np.empty_like(h)
+    gru_gates_loop(*map(np.ascontiguousarray, (xw, b_ih, hw, b_hh)), h, out)
     return out
 
 
@@ -176,14 +312,41 @@ def _same_shape(avals, params):
         None if avals[0].shape == avals[1].shape else "operands of one shape (no broadcasting)")
 
 
+def _rope_checker(avals, params):
+    return _float32(avals, params) or _numba_rope_checker(avals, params)
+
+
+def _cell_checker(avals, params):
+    xw, b_ih, hw, b_hh, h = avals
+    if _float32(avals, params):
+        return _float32(avals, params)
+    if h.ndim != 2 or xw.shape != hw.shape:
+        return f"batched gate products of one shape, got {xw.str_short()}, {hw.str_short()}"
+    return None
+
+
 def _specs(rank: int):
     rows = ("B", "T")[2 - (rank - 1):] if rank > 1 else ()
     return Spec((*rows, "D")), Spec(("D",))
 
 
+def _lstm_pattern(xw, b_ih, hw, b_hh, c):
+    i, f, g, o = _chunks((xw + b_ih) + (hw + b_hh), 4)   # as `lstm_cell` decomposes
+    c2 = tnn.sigmoid(f) * c + tnn.sigmoid(i) * tnp.tanh(g)
+    return tnn.sigmoid(o) * tnp.tanh(c2), c2
+
+
+def _gru_pattern(xw, b_ih, hw, b_hh, h):
+    ir, iz, in_ = _chunks(xw + b_ih, 3)                   # as `gru_cell` decomposes
+    hr, hz, hn = _chunks(hw + b_hh, 3)
+    r, z = tnn.sigmoid(ir + hr), tnn.sigmoid(iz + hz)
+    n = tnp.tanh(in_ + r * hn)
+    return n + z * (h - n)
+
+
 _EPS = 1e-6   # what the norm patterns are traced with; a wildcard (any epsilon matches)
 
-#: name, pattern, which inputs are rows (the rest: the weight), kernel, checker
+#: name, pattern, its inputs' kinds (see `pattern_forms`), kernel, checker
 PATTERNS = (
     ("rms_norm_1p", lambda h, w: tnn.rms_norm(h, ("D",), 1.0 + w, _EPS), "rw",
      rms_norm_1p, _float32),
@@ -193,11 +356,16 @@ PATTERNS = (
      "rrw", residual_rms_norm_1p, _same_shape),
     ("gelu_tanh_gate", lambda a, b: tnn.gelu(a, approximate="tanh") * b, "rr",
      gelu_tanh_gate, _same_shape),
+    ("silu_gate", lambda a, b: tnn.silu(a) * b, "rr", silu_gate, _same_shape),
     ("masked_softmax", lambda s, m: tnn.softmax(tnp.where(m, s, -np.inf), axis=-1), "sm",
      masked_softmax, _softmax_checker),
     ("scaled_masked_softmax",
      lambda s, m, c: tnn.softmax(tnp.where(m, s * c, -np.inf), axis=-1), "smc",
      scaled_masked_softmax, _softmax_checker),
+    ("rotary_emb", lambda x, c, s: x * c + tnn.rotate_half(x) * s, "xtt", rotary_emb,
+     _rope_checker),
+    ("lstm_gates", _lstm_pattern, "4", lstm_gates, _cell_checker),
+    ("gru_gates", _gru_pattern, "3", gru_gates, _cell_checker),
 )
 
 
@@ -205,8 +373,20 @@ PATTERNS = (
 def pattern_forms(name: str) -> tuple:
     """The pattern graphs of library pattern `name`, one per rank of its row inputs (a
     pattern input matches values of its rank), `eps` a wildcard. Shared by every backend's
-    kernels of the pattern (`tgx.backends.torch_patterns`)."""
+    kernels of the pattern (`tgx.backends.torch_patterns`).
+
+    Kinds of inputs: "r" rows (..., D) and "w" a weight (D,); "s" scores (..., L, S), "m"
+    their mask ((..., L, S) or (L, S)), "c" a scale; "x" RoPE's x (..., T, D) and "t" a
+    table (T, D); "4", "3": a recurrent cell's gate products (B, nH) and biases (nH,), and
+    its state (B, H)."""
     fn, inputs = next((f, i) for n, f, i, _, _ in PATTERNS if n == name)
+    if inputs in ("4", "3"):
+        z, b = Spec(("B", f"{inputs}*H")), Spec((f"{inputs}*H",))
+        return (make_graph(fn)(z, b, z, b, Spec(("B", "H"))),)
+    if inputs == "xtt":   # x of rank 2-4, tables (T, D) broadcast against it
+        t = Spec(("T", "D"))
+        return tuple(make_graph(fn)(Spec(("B", "H", "T", "D")[4 - rank:]), t, t)
+                     for rank in (2, 3, 4))
     forms = []
     if "s" in inputs:   # scores (…, L, S) of rank 2–4, a mask of that shape or (L, S)
         for rank in (2, 3, 4):
