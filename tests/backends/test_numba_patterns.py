@@ -20,6 +20,7 @@ import tgx.numpy as tnp
 from tgx.planning import fastest
 from tgx.planning.cost_model import CostModel, Estimate
 from tgx.planning.kernel_patterns import match_patterns, pattern_name
+from tgx.transforms.decompose import decompose
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("numba") is None,
                                 reason="numba is not installed")
@@ -154,3 +155,159 @@ def test_hand_written_attention_gets_the_softmax_kernel(monkeypatch):
     s = q.astype(np.float64) @ k.swapaxes(-1, -2)
     np.testing.assert_allclose(plan(q, k, v, mask), softmax64(s, mask, 0.25) @ v, rtol=1e-5,
                                atol=1e-6)
+
+
+def sigmoid64(x):
+    return 1 / (1 + np.exp(-x.astype(np.float64)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=st.lists(st.integers(1, 40), min_size=1, max_size=3).map(tuple),
+       scale=st.sampled_from([0.1, 1.0, 4.0, 30.0]), seed=st.integers(0, 2**16))
+def test_silu_gate_matches_float64(shape, scale, seed):
+    rng = np.random.default_rng(seed)
+    a = (rng.standard_normal(shape) * scale).astype(np.float32)
+    b = rng.standard_normal(shape).astype(np.float32)
+    want = a * sigmoid64(a) * b
+    got = NP.silu_gate(a, b)
+    assert got.dtype == np.float32 and got.shape == shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()))
+
+
+def rope64(x, cos, sin):
+    x = x.astype(np.float64)
+    h = x.shape[-1] // 2
+    return x * cos + np.concatenate([-x[..., h:], x[..., :h]], -1) * sin
+
+
+@settings(max_examples=25, deadline=None)
+@given(lead=st.lists(st.integers(1, 3), max_size=2).map(tuple), t=st.integers(1, 9),
+       half=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_rotary_emb_matches_float64(lead, t, half, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((*lead, t, 2 * half)).astype(np.float32)
+    cos, sin = (rng.standard_normal((t, 2 * half)).astype(np.float32) for _ in range(2))
+    got = NP.rotary_emb(x, cos, sin)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    np.testing.assert_allclose(got, rope64(x, cos, sin), rtol=1e-5, atol=1e-5)
+
+
+def lstm64(xw, b_ih, hw, b_hh, c):
+    z = (xw.astype(np.float64) + b_ih) + (hw + b_hh)
+    i, f, g, o = np.split(z, 4, -1)
+    c2 = sigmoid64(f) * c + sigmoid64(i) * np.tanh(g)
+    return sigmoid64(o) * np.tanh(c2), c2
+
+
+def gru64(xw, b_ih, hw, b_hh, h):
+    ir, iz, in_ = np.split(xw.astype(np.float64) + b_ih, 3, -1)
+    hr, hz, hn = np.split(hw.astype(np.float64) + b_hh, 3, -1)
+    r, z = sigmoid64(ir + hr), sigmoid64(iz + hz)
+    n = np.tanh(in_ + r * hn)
+    return (1 - z) * n + z * h
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.integers(1, 9), hid=st.integers(1, 40), scale=st.sampled_from([0.1, 1.0, 8.0]),
+       seed=st.integers(0, 2**16))
+def test_cell_gates_match_float64(rows, hid, scale, seed):
+    rng = np.random.default_rng(seed)
+
+    def draw(*s):
+        return (rng.standard_normal(s) * scale).astype(np.float32)
+    xw, hw, b_ih, b_hh, c = draw(rows, 4 * hid), draw(rows, 4 * hid), draw(4 * hid), \
+        draw(4 * hid), draw(rows, hid)
+    tol = dict(rtol=1e-5, atol=2e-6 * max(1.0, scale))
+    for got, want in zip(NP.lstm_gates(xw, b_ih, hw, b_hh, c), lstm64(xw, b_ih, hw, b_hh, c)):
+        assert got.dtype == np.float32 and got.shape == (rows, hid)
+        np.testing.assert_allclose(got, want, **tol)
+    xw, hw, b_ih, b_hh = xw[:, :3 * hid], hw[:, :3 * hid], b_ih[:3 * hid], b_hh[:3 * hid]
+    got = NP.gru_gates(xw, b_ih, hw, b_hh, c)
+    assert got.dtype == np.float32 and got.shape == (rows, hid)
+    np.testing.assert_allclose(got, gru64(xw, b_ih, hw, b_hh, c), **tol)
+
+
+def test_rope_found_in_gemma_layers_once_apply_rotary_emb_is_decomposed():
+    G = _gemma()
+    cfg = G.Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                   num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                   sliding_window=8)
+    g = tgx.make_graph(lambda p, t: G.gemma3(p, t, cfg))(G.random_params(cfg),
+                                                        tgx.Spec((5,), "int64"))
+    g = decompose(tgx.simplify(g), keep={"rms_norm", "gelu", "softmax"})
+    assert "apply_rotary_emb" not in {e.primitive.name for e in g.eqns}
+    names = Counter(pattern_name(e) for e in match_patterns(g, ["numpy"]).eqns)
+    assert names["rotary_emb"] == 2 * 2                   # q and k of each layer
+
+
+class CellPrices(Prices):
+    """Planted figures: pattern kernels fast, the cells' and RoPE's own kernels slow (so the
+    selection runs their decomposition, where the pattern kernels are)."""
+
+    def kernel(self, eqn, kernel, dims):
+        if eqn.primitive.name in ("lstm_cell", "gru_cell", "apply_rotary_emb"):
+            return Estimate(1.0, "measured", "planted")
+        return super().kernel(eqn, kernel, dims)
+
+
+def test_models_that_never_name_them_get_gate_rope_and_cell_kernels(monkeypatch):
+    monkeypatch.setattr(fastest, "CostModel", lambda *a, **k: CellPrices())
+    rng = np.random.default_rng(0)
+
+    def draw(*s):
+        return rng.standard_normal(s).astype(np.float32)
+
+    def compiled(fn, *args):
+        plan = tgx.compile(fn, backends=["numpy"], store=None).lower(*args)
+        return {k.name for k in plan.kernels if k.pattern is not None}, plan(*args)
+
+    def swiglu(x, wg, wu):        # a Llama MLP's gate
+        return tnn.silu(x @ wg) * (x @ wu)
+    x, wg, wu = draw(3, 16), draw(16, 32), draw(16, 32)
+    names, got = compiled(swiglu, x, wg, wu)
+    assert names == {"silu_gate"}
+    h = x.astype(np.float64) @ wg
+    np.testing.assert_allclose(got, h * sigmoid64(h) * (x.astype(np.float64) @ wu),
+                               rtol=1e-4, atol=1e-5)
+
+    def hf_rope(q, cos, sin):     # HF's rotate_half, written out
+        q1, q2 = q[..., :8], q[..., 8:]
+        return q * cos + tnp.concatenate([-q2, q1], axis=-1) * sin
+    q, cos, sin = draw(2, 4, 5, 16), draw(5, 16), draw(5, 16)
+    for fn in (hf_rope, tnn.apply_rotary_emb):
+        names, got = compiled(fn, q, cos, sin)
+        assert names == {"rotary_emb"}
+        np.testing.assert_allclose(got, rope64(q, cos, sin), rtol=1e-5, atol=1e-5)
+
+    B, I, H = 3, 5, 7
+    x, h, c = draw(B, I), draw(B, H), draw(B, H)
+    w_ih, w_hh, b_ih, b_hh = draw(4 * H, I), draw(4 * H, H), draw(4 * H), draw(4 * H)
+    names, (h2, c2) = compiled(lambda *a: tnn.lstm_cell(a[0], (a[1], a[2]), *a[3:]),
+                               x, h, c, w_ih, w_hh, b_ih, b_hh)
+    assert names == {"lstm_gates"}
+    want = lstm64(x.astype(np.float64) @ w_ih.T, b_ih, h.astype(np.float64) @ w_hh.T, b_hh, c)
+    np.testing.assert_allclose(h2, want[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(c2, want[1], rtol=1e-4, atol=1e-5)
+
+    w_ih, w_hh, b_ih, b_hh = w_ih[:3 * H], w_hh[:3 * H], b_ih[:3 * H], b_hh[:3 * H]
+    names, got = compiled(tnn.gru_cell, x, h, w_ih, w_hh, b_ih, b_hh)
+    assert names == {"gru_gates"}
+    np.testing.assert_allclose(got, gru64(x.astype(np.float64) @ w_ih.T, b_ih,
+                                          h.astype(np.float64) @ w_hh.T, b_hh, h),
+                               rtol=1e-4, atol=1e-5)
+
+
+class SlowPatterns(CostModel):
+    def kernel(self, eqn, kernel, dims):
+        return Estimate(1e-3 if kernel.pattern is not None else 1e-6, "measured", "planted")
+
+    def transfer(self, aval, src, dst, dims):
+        return Estimate(0.0 if src == dst else 1.0, "cost model")
+
+
+def test_a_gate_kernel_measured_slower_is_left_out(monkeypatch):
+    monkeypatch.setattr(fastest, "CostModel", lambda *a, **k: SlowPatterns())
+    x = np.ones((3, 16), np.float32)
+    plan = tgx.compile(lambda a, b: tnn.silu(a) * b, backends=["numpy"], store=None).lower(x, x)
+    assert all(k.pattern is None for k in plan.kernels)
+    np.testing.assert_allclose(plan(x, x), x * sigmoid64(x), rtol=1e-6)
