@@ -3,7 +3,8 @@ and the peers, per pattern, prefill (128 rows) and decode (1 row).
 
     flock /tmp/bench.lock .venv/bin/python bench/bench_kernels.py [--rounds 15]
 
-Per pattern (`tgx.backends.numba_patterns`; d=640, MLP width 2048), contenders run interleaved
+Per pattern (`tgx.backends.numba_patterns`; d=640, MLP width 2048, RoPE on 4 heads of 256,
+the LSTM / GRU cells of hidden size 640 after their GEMMs), contenders run interleaved
 in one process, rotating order per round:
 
 - `tgx pattern`: the compiled function, its one equation the pattern kernel (the compiled
@@ -30,6 +31,7 @@ import numpy as np
 import tgx
 import tgx.nn as tnn
 import tgx.numpy as tnp
+from tgx.backends import numba_patterns as NP
 
 D, F, EPS = 640, 2048, 1e-6
 
@@ -61,6 +63,33 @@ def patterns():
     def j_sm(s, m, c):
         return jax.nn.softmax(jnp.where(m, s * c, -jnp.inf), axis=-1)
 
+    def n_sig(x):
+        return np.float32(1) / (np.float32(1) + np.exp(-x))
+
+    def rot(x, cat, neg):   # HF's rotate_half at head_dim 256
+        return cat([neg(x[..., 128:]), x[..., :128]])
+
+    def cell(chunks, sig, tanh, lstm):   # the cells after their GEMMs, as they decompose
+        def f(xw, b_ih, hw, b_hh, s):
+            if lstm:
+                i, f_, g, o = chunks((xw + b_ih) + (hw + b_hh), 4)
+                c2 = sig(f_) * s + sig(i) * tanh(g)
+                return sig(o) * tanh(c2), c2
+            (ir, iz, in_), (hr, hz, hn) = chunks(xw + b_ih, 3), chunks(hw + b_hh, 3)
+            r, z = sig(ir + hr), sig(iz + hz)
+            n = tanh(in_ + r * hn)
+            return n + z * (s - n)
+        return f
+
+    def t_chunks(z, n):
+        return torch.chunk(z, n, -1)
+
+    def j_chunks(z, n):
+        return jnp.split(z, n, -1)
+
+    def n_chunks(z, n):
+        return np.split(z, n, -1)
+
     def n_sm(s, m, c):
         z = np.where(m, s * c, np.float32(-np.inf))
         e = np.exp(z - z.max(-1, keepdims=True))
@@ -85,6 +114,26 @@ def patterns():
             lambda a, b: _np_gelu(a) * b,
             lambda a, b: torch.nn.functional.gelu(a, approximate="tanh") * b,
             lambda a, b: jax.nn.gelu(a, approximate=True) * b, lambda r: [(r, F), (r, F)]),
+        "silu_gate": (
+            lambda a, b: tnn.silu(a) * b, lambda a, b: a * n_sig(a) * b,
+            lambda a, b: torch.nn.functional.silu(a) * b, lambda a, b: jax.nn.silu(a) * b,
+            lambda r: [(r, F), (r, F)]),
+        "rotary_emb": (   # RoPE written out, on q: 4 heads x rows x 256
+            lambda x, c, s: x * c + tnn.rotate_half(x) * s,
+            lambda x, c, s: x * c + rot(x, lambda a: np.concatenate(a, -1), np.negative) * s,
+            lambda x, c, s: x * c + rot(x, lambda a: torch.cat(a, -1), torch.neg) * s,
+            lambda x, c, s: x * c + rot(x, lambda a: jnp.concatenate(a, -1), jnp.negative) * s,
+            lambda r: [(4, r, 256), (r, 256), (r, 256)]),
+        "lstm_gates": (   # an LSTM cell of hidden size 640 after its GEMMs
+            NP._lstm_pattern, cell(n_chunks, n_sig, np.tanh, True),
+            cell(t_chunks, torch.sigmoid, torch.tanh, True),
+            cell(j_chunks, jax.nn.sigmoid, jnp.tanh, True),
+            lambda r: [(r, 4 * D), (4 * D,), (r, 4 * D), (4 * D,), (r, D)]),
+        "gru_gates": (    # a GRU cell of hidden size 640 after its GEMMs
+            NP._gru_pattern, cell(n_chunks, n_sig, np.tanh, False),
+            cell(t_chunks, torch.sigmoid, torch.tanh, False),
+            cell(j_chunks, jax.nn.sigmoid, jnp.tanh, False),
+            lambda r: [(r, 3 * D), (3 * D,), (r, 3 * D), (3 * D,), (r, D)]),
     }
 
 
@@ -117,14 +166,20 @@ def contenders(name, spec, rows):
         "tgx op by op": lambda: off(*args),
         "NumPy": lambda: np_fn(*args),
         "torch eager": lambda: t_fn(*targs),
-        "jax.jit": lambda: jitted(*jargs).block_until_ready(),
+        "jax.jit": lambda: jax.block_until_ready(jitted(*jargs)),
     }
-    ref = np_fn(*[a.astype(np.float64) for a in args])
+    ref = _as_np(np_fn(*[a.astype(np.float64) for a in args]))
     for k, f in out.items():
-        got = np.asarray(f(), np.float64)
+        got = _as_np(f())
         err = np.abs(got - ref).max() / np.abs(ref).max()
         assert err < 1e-4, f"{name} {k}: error {err:.1e}"
     return out
+
+
+def _as_np(out):
+    """One float64 array of a result or a tuple of results (a cell's (h', c'))."""
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return np.stack([np.asarray(o, np.float64) for o in outs])
 
 
 def rope_contenders(rows):
