@@ -30,6 +30,7 @@ from tgx.errors import TgxError
 from tgx.profiling import format_seconds, profile_many, summarize
 from tgx.profiling.fleet import profile_fleet
 from tgx.profiling.pending import (
+    NotHere,
     equation_from,
     pending_jobs,
     refused_record,
@@ -264,11 +265,12 @@ def _cmd_profile(args: argparse.Namespace) -> int:
                 continue
             kernel = resolve_kernel(job)
             try:
-                if kernel is None:
-                    raise LookupError
-                jobs.append(store_job(job, kernel, st, env))
-            except LookupError:  # no such kernel here (any more): the flag is stale
-                stale += job["flags"]
+                if kernel is not None:
+                    jobs.append(store_job(job, kernel, st, env))
+                    continue
+            except NotHere:
+                pass
+            stale += job["flags"]  # no such kernel here (any more): the flag is stale
         if refused:
             st.add_traces(refused)
         if not jobs and not refused:

@@ -23,6 +23,7 @@ import numpy as np
 from ..backends import get_backend
 from ..backends.registry import kernels_for
 from ..core import Literal, primitive_by_name
+from ..errors import TgxError
 from ..shapes import DTYPES, ShapedArray, concrete_shape, concretize, name_binding
 from ..store.names import signature
 from ..store.schema import implementation_key
@@ -55,6 +56,11 @@ def random_inputs(inputs: list, seed: int = 0) -> tuple:
         else:
             out.append(np.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dt))
     return tuple(out)
+
+
+class NotHere(TgxError):
+    """A store job this process cannot run: its kernel is not registered here (or not with
+    that source hash), or declines the job's equation on this machine."""
 
 
 def pending_jobs(store: Any, env_id: str, *, unprofiled: bool = False) -> list[dict]:
@@ -212,7 +218,7 @@ def store_job(job: dict, kernel: Any, store: Any, env_id: str) -> dict:
         store.add_implementation("KERNEL", job["kernel"].get("label", kernel.label),
                                  kernel.backend, kernel.source_hash)
     if kernel.check([v.aval for v in eqn.invars], dict(eqn.params)) is not None:
-        raise LookupError(f"{kernel!r} declines {_equation_name(desc)} on this machine")
+        raise NotHere(f"{kernel!r} declines {_equation_name(desc)} on this machine")
     pj = kernel_job(eqn, kernel, {})
     pj.pop("host_args")
     pj.update(graph_hash=job["graph_hash"], impl=job["impl"], workload=job["workload"],
@@ -230,7 +236,7 @@ def measure_job(job: dict, env_id: str, budget_s: float | None = None) -> dict |
         return None
     try:
         pj = store_job(job, kernel, None, env_id)
-    except LookupError:
+    except NotHere:
         return None
     pj.pop("label")
     fn, args = pj.pop("fn"), pj.pop("args")
@@ -542,6 +548,6 @@ def flagged_jobs(store: Any, env_id: str) -> tuple[list[dict], list[str]]:
         kernel = None if job.get("refuse") else resolve_kernel(job)
         if kernel is None:
             continue
-        with contextlib.suppress(LookupError):
+        with contextlib.suppress(NotHere):
             jobs.append(store_job(job, kernel, store, env_id))
     return jobs, keys
