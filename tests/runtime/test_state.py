@@ -425,3 +425,48 @@ def test_elementwise_state_updates_match_numpy(backend, prog):
     np.testing.assert_allclose(s, want, rtol=1e-6, atol=1e-6)
     for got, exp in zip(outs, want_outs):
         np.testing.assert_allclose(got, exp, rtol=1e-5, atol=1e-5)
+
+
+# -- jax arrays as state: immutable, so the new value comes back as a new array -----------------
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["elementwise", "window"])
+def test_jax_array_state_is_returned_not_written(backend, kind):
+    jnp = pytest.importorskip("jax.numpy")
+    import jax
+
+    def step(c, x, pos):
+        if kind == "window":
+            return x.sum(), lax.dynamic_update_slice(c, x[None], (pos, 0))
+        return x.sum(), c * 0.5 + x
+
+    f = tgx.compile(step, state="c", policy="heuristic", backends=[backend])
+    c0 = np.arange(12, dtype=np.float32).reshape(4, 3)
+    c = jnp.asarray(c0)
+    want = c0.copy()
+    for pos in range(3):
+        x = np.full(3, pos + 1, np.float32)
+        total, new = f(c, jnp.asarray(x), np.int32(pos))
+        assert isinstance(new, jax.Array) and isinstance(total, jax.Array)
+        np.testing.assert_array_equal(np.asarray(c), want)      # the argument is untouched
+        if kind == "window":
+            want[pos] = x
+        else:
+            want = want * 0.5 + x
+        np.testing.assert_allclose(np.asarray(new), want, rtol=1e-6)
+        c = new
+    assert f.trace_count == 1
+
+
+def test_a_numpy_view_of_a_jax_array_converts_back_to_that_array():
+    jax = pytest.importorskip("jax")
+    from tgx.backends import get_backend
+
+    jb = get_backend("jax")
+    a = jax.numpy.arange(6.0).reshape(2, 3)
+    view = np.asarray(a)
+    assert jb.convert(view, "cpu") is a                        # no device_put
+    part = jb.convert(view[1:], "cpu")                         # a slice is a new array
+    assert part is not a and np.asarray(part).tolist() == [[3.0, 4.0, 5.0]]
+    other = jb.convert(np.ones((2, 3), np.float32), "cpu")
+    assert isinstance(other, jax.Array) and float(other.sum()) == 6.0

@@ -237,8 +237,20 @@ class JaxBackend(Backend):
     def to_host(self, x):
         return np.asarray(x)  # a CPU jax array: zero-copy, read-only
 
-    @x64
     def from_host(self, x, device="cpu"):
+        # the NumPy view of a jax array (`to_host`) converts back to that very array: a plan's
+        # results on jax come back to a caller who passed jax arrays without a device_put each
+        # (~40 µs a leaf; a training step's 14 new state leaves cost 0.7 ms of its 0.9)
+        base = getattr(x, "base", None)
+        if type(base) is memoryview and isinstance(base.obj, jax.Array):
+            src = base.obj
+            if (src.shape == x.shape and src.dtype == x.dtype and device == "cpu"
+                    and src.devices() == {_jax_device("cpu")}):
+                return src
+        return self._device_put(x, device)
+
+    @x64
+    def _device_put(self, x, device):
         return jax.device_put(np.asarray(x), _jax_device(device))  # XLA owns its buffers
 
     @x64

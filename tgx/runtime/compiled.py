@@ -268,10 +268,14 @@ class CompiledGraph:
 
     # -- state ------------------------------------------------------------------------------
     def _check_state(self, args: list) -> list:
-        """The caller's state objects (returned as the new state), after checking them."""
+        """The caller's state objects (returned as the new state), after checking them; None
+        for an immutable array (jax), whose new value is returned as a new array."""
         objs = []
         for a, _, _ in self.state:
             x = args[a]
+            if type(x) is not np.ndarray and _immutable(x):
+                objs.append(None)
+                continue
             if type(x) is np.ndarray:
                 if not (x.flags.writeable and x.flags.c_contiguous):
                     raise BindingError(
@@ -308,12 +312,25 @@ class CompiledGraph:
                                f"{getattr(x, 'device', '?')}")
         return True
 
+    def _private_state(self, args: list, objs: list) -> None:
+        """Immutable state arrays that the plan updates in place: a writable copy of each
+        (aligned, so a JAX region reads it in place) takes the argument's place."""
+        for (a, _, copy), obj in zip(self.state, objs):
+            if obj is None and not copy:
+                x = aligned_empty(args[a].shape, args[a].dtype)
+                np.copyto(x, args[a])
+                args[a] = x
+
     def _write_state(self, args: list, objs: list, outs: list) -> None:
         """Copy aliasing outputs, write copied state into the caller's arrays, and return the
-        caller's objects as the new state."""
+        caller's objects as the new state (immutable ones: the new value)."""
         for j in self.state_alias_outs:
             outs[j] = _snapshot(outs[j])
         for (a, o, copy), obj in zip(self.state, objs):
+            if obj is None:  # immutable: the computed value, or the private copy updated
+                if not copy:
+                    outs[o] = args[a]
+                continue
             if copy:
                 dst, src = args[a], outs[o]
                 if src is not dst:
@@ -325,7 +342,8 @@ class CompiledGraph:
         """Run on a flat list of arguments (NumPy arrays); returns the flat list of outputs.
 
         State arguments (see `tgx.compile(state=)`) are updated in place and returned as the
-        very objects passed in."""
+        very objects passed in; immutable ones (jax arrays) are left as they are, and their
+        new values returned."""
         args = list(args)
         if len(args) != len(self.in_slots):
             raise BindingError(f"expected {len(self.in_slots)} arguments, got {len(args)}")
@@ -338,6 +356,8 @@ class CompiledGraph:
         for i, a in enumerate(args):
             if type(a) is not np.ndarray:
                 args[i] = _coerce(a, self.in_avals[i])
+        if objs is not None and any(o is None for o in objs):
+            self._private_state(args, objs)
         key = self._key(args) if self.symbols else ()
         spec = self._specs.get(key) or self.specialize(key)
         for a, (shape, dtype) in zip(args, spec.shapes):
@@ -431,6 +451,12 @@ def _snapshot(x):
         return x.copy()
     clone = getattr(x, "clone", None)
     return clone() if clone is not None else x
+
+
+def _immutable(x) -> bool:
+    """Whether `x` is an array of a backend whose arrays cannot be written (jax)."""
+    b = backend_of(x)
+    return b is not None and not b.host and not b.inplace
 
 
 def _coerce(x, aval: ShapedArray):
