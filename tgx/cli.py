@@ -300,7 +300,7 @@ def _profile_fleet(args: argparse.Namespace) -> int:
     notes = [f"{sweep.claimed} measured by another fleet" * bool(sweep.claimed),
              f"{sweep.stale} with no such kernel on the workers" * bool(sweep.stale)]
     print(f"fleet: {_plural(len(sweep.nodes), 'node')}, {sweep.slots} jobs at once "
-          f"({args.cores} cores each), {sweep.wall_s:.1f} s"
+          f"({_plural(args.cores, 'core')} each), {sweep.wall_s:.1f} s"
           + "".join(f"; {x}" for x in notes if x))
     if not n:
         print("nothing to profile")

@@ -139,6 +139,7 @@ class _Driver:
         self.skipped: list[str] = []
         self.claimed = 0
         self.stale: dict[str, list[str]] = {}  # env -> stale flag keys
+        self.dead: set[str] = set()  # nodes gone during the sweep: given no more jobs
         self.batch: list[tuple[dict, list[str]]] = []
 
     # ---------------------------------------------------------------- nodes and jobs
@@ -215,7 +216,7 @@ class _Driver:
         try:
             while queue or running:
                 for nid, n in nodes.items():
-                    while free[nid] > 0:
+                    while free[nid] > 0 and nid not in self.dead:
                         unit = self._next(queue, n["env"]["id"], refs_left)
                         if unit is None:
                             break
@@ -302,6 +303,9 @@ class _Driver:
             return True
         except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError,
                 ray.exceptions.ObjectLostError) as err:
+            if isinstance(err, ray.exceptions.NodeDiedError):
+                self.dead.add(unit["node"])  # not the kernel's doing: on another node
+                unit["tries"] -= 1
             if unit["tries"] <= self.retries:
                 queue.appendleft(unit)  # the worker died (a crash, or killed): again
                 return True
