@@ -204,6 +204,8 @@ def as_dim(d: Any, symbols: dict | None = None) -> Dim:
         return _canon_expr(_parse_dim(d, symbols))
     if isinstance(d, sympy.Basic):
         return _canon_expr(d)
+    if hasattr(d, "aval"):  # a traced value (duck-typed: shapes sits below tracing)
+        raise static_int_error("a dim (a shape or a length)", d, "shape")
     raise ShapeError(f"a dim must be an int, a symbol name or a sympy expression, got {d!r}")
 
 
@@ -923,12 +925,17 @@ def shapes_provably_equal(a: Shape, b: Shape) -> bool:
         return False
 
 
+def static_int_error(what: str, value, op: str) -> TracerControlFlowError:
+    """The error for a traced `value` where `op` needs a Python int (an axis, a length)."""
+    return TracerControlFlowError(
+        f"{op}: {what} must be a Python int, got a traced value {value.aval.str_short()}; "
+        f"if it is an argument of a compiled function, mark it static: "
+        f"`tgx.compile(f, static_argnames=(\"name\",))`{user_site()}")
+
+
 def _static_axis(axis, op: str) -> None:
     if hasattr(axis, "aval"):  # a traced value (shapes sits below tracing: duck-typed)
-        raise TracerControlFlowError(
-            f"{op}: the axis must be a Python int, got a traced value {axis.aval.str_short()}; "
-            f"if it is an argument of a compiled function, mark it static: "
-            f"`tgx.compile(f, static_argnames=(\"axis\",))`{user_site()}")
+        raise static_int_error("the axis", axis, op)
 
 
 def canonicalize_axis(axis: int, ndim: int, op: str) -> int:

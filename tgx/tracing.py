@@ -26,6 +26,7 @@ from .shapes import (
     is_concrete,
     is_concrete_shape,
     shape_str,
+    static_int_error,
     user_dims,
 )
 
@@ -417,8 +418,8 @@ class Tracer:
             f"use tgx.numpy (tnp) functions inside traced code, not numpy ones.")
 
     def __len__(self):
-        if not self.shape:
-            raise DTypeError("len() of a 0-d array")
+        if not self.shape:  # mostly a traced length given as a shape: `tnp.zeros(n)`
+            raise static_int_error("a shape or length", self, "len()")
         d = self.shape[0]
         if not is_concrete(d):
             info = user_frame(2)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import tgx
+from tgx.backends import available_backends
 import tgx.numpy as tnp
 
 torch = pytest.importorskip("torch")
@@ -42,14 +43,18 @@ def test_torch_tensors_that_require_grad_get_a_warning():
                                 lambda x: tnp.transpose(x.reshape(2, 3)),
                                 lambda x: (x, x * 2.0)])
 @pytest.mark.parametrize("policy", ["heuristic", "fastest"])
-def test_results_never_share_memory_with_arguments(fn, policy):
+@pytest.mark.parametrize("backend", ["numpy", "torch", "jax"])
+def test_results_never_share_memory_with_arguments(fn, policy, backend):
+    if backend not in available_backends():
+        pytest.skip(f"{backend} missing")
     x = np.arange(6, dtype=np.float32)
-    out = tgx.compile(fn, backends=["numpy"], policy=policy, store=None)(x)
+    out = tgx.compile(fn, backends=[backend], policy=policy, store=None)(x)
     for o in tgx.tree_flatten(out)[0]:
         assert not np.shares_memory(o, x)
     before = x.copy()
     for o in tgx.tree_flatten(out)[0]:
-        o[...] = -1  # the caller's array is untouched
+        if o.flags.writeable:  # results of JAX are read-only views of XLA's buffers
+            o[...] = -1        # the caller's array is untouched
     np.testing.assert_array_equal(x, before)
 
 
@@ -97,6 +102,29 @@ def test_a_traced_axis_says_to_mark_it_static():
     with pytest.raises(tgx.TracerControlFlowError,
                        match=r"axis must be a Python int.*static_argnames.*test_call_semantics"):
         g(np.ones((2, 3)), 1)
+
+
+LENGTH_USES = {
+    "zeros": lambda x, n: tnp.zeros(n) + x.sum(),
+    "full": lambda x, n: tnp.full((n, 2), 1.0) + x.sum(),
+    "arange": lambda x, n: tnp.arange(n) + x.sum(),
+    "reshape": lambda x, n: x.reshape(n, -1),
+    "slice": lambda x, n: x[:n],
+}
+
+
+@pytest.mark.parametrize("use", sorted(LENGTH_USES))
+def test_a_traced_length_says_to_mark_it_static(use):
+    fn = LENGTH_USES[use]
+    g = tgx.compile(fn, policy="heuristic", backends=["numpy"])
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    with pytest.raises(tgx.TracerControlFlowError,
+                       match=r"traced value i64\[\].*static_argnames.*test_call_semantics"):
+        g(x, 2)
+    static = tgx.compile(fn, policy="heuristic", backends=["numpy"], static_argnames=("n",))
+    np.testing.assert_allclose(static(x, 2), fn(x, 2) if use in ("reshape", "slice") else
+                               {"zeros": np.zeros(2) + 66.0, "full": np.full((2, 2), 67.0),
+                                "arange": np.arange(2) + 66.0}[use])
 
 
 def test_keyword_arguments_in_any_order_keep_their_options():

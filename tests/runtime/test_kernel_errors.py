@@ -58,3 +58,33 @@ def test_a_failing_region_names_its_equations(monkeypatch):
                                               r"while running c:.*= sin b.*d:.*= exp c.*"
                                               r"e:.*= mul d"):
         plan.run(x)
+
+
+def test_a_registered_kernel_failing_inside_compile_names_the_users_line(tmp_path):
+    """The user-level path: a kernel registered with `tgx.register_kernel` that raises at one
+    size, picked by `tgx.compile` for a model that never mentions it."""
+    def fragile(x):
+        if x.shape[0] == 3:
+            raise FloatingPointError("fragile gave up at 3 rows")
+        return np.expm1(x)
+
+    kernel = tgx.register_kernel(lambda x: tnp.exp(x) - 1.0, fragile,
+                                 specs=(tgx.Spec(("N",)),), name="fragile_expm1")
+    try:
+        def user_model(x):
+            return (tnp.exp(x) - 1.0) * 3.0  # the pattern occurs here
+
+        f = tgx.compile(user_model, backends=["numpy"], dynamic={"x": {0: "N"}},
+                        store=tgx.BenchmarkStore(tmp_path / "s.json"))
+        np.testing.assert_allclose(f(np.zeros(5, np.float32)), np.zeros(5))
+        assert any("fragile_expm1" in i.label
+                   for i in f.lower(np.zeros(5, np.float32)).compiled.instructions)
+        with pytest.raises(tgx.KernelError) as info:
+            f(np.zeros(3, np.float32))
+        msg = str(info.value)
+        assert "fragile_expm1" in msg and "fragile gave up at 3 rows" in msg
+        assert "inputs: float32[3]" in msg
+        assert f"test_kernel_errors.py:{user_model.__code__.co_firstlineno + 1}" in msg
+        assert isinstance(info.value.__cause__, FloatingPointError)
+    finally:
+        tgx.unregister_kernel(kernel)

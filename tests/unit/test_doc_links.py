@@ -124,3 +124,14 @@ def test_the_index_links_every_page():
     linked = {link.partition("#")[0] for link in _links(ROOT / "docs" / "index.md")}
     pages = {p.name for p in PAGES if p.parent.name == "docs" and p.name != "index.md"}
     assert pages <= linked, sorted(pages - linked)
+
+
+def test_the_glossary_defines_the_terms_the_docs_use_and_limits_says_what_is_missing():
+    headings = {h.strip("`").lower() for h in
+                HEADING.findall((ROOT / "docs" / "glossary.md").read_text(encoding="utf-8"))}
+    for term in ("plan", "binding", "workspace", "copy_to", "cpu/owned", "pending",
+                 "graph_recipe"):
+        assert term in headings, f"docs/glossary.md has no heading for {term}"
+    limits = (ROOT / "docs" / "limits.md").read_text(encoding="utf-8")
+    assert len(HEADING.findall(limits)) >= 4 and "limits.md" in (ROOT / "README.md").read_text(
+        encoding="utf-8") + (ROOT / "docs" / "index.md").read_text(encoding="utf-8")

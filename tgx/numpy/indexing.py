@@ -8,7 +8,7 @@ import builtins
 import numpy as np
 
 from .. import primitives as P
-from ..errors import IndexingError, ShapeError, TracerControlFlowError, Unsupported
+from ..errors import IndexingError, ShapeError, TracerControlFlowError, Unsupported, user_site
 from ..primitives.ops import (
     _as_operand,
     _aval,
@@ -135,8 +135,11 @@ def _clamp(v, d, default):
     if v is None:
         return default
     if isinstance(v, Tracer):
-        raise TracerControlFlowError("slice bounds must be static (Python ints or symbolic dims), "
-                                     "not traced values; use tnp.take or tnp.where")
+        raise TracerControlFlowError(
+            f"slice bounds must be static (Python ints or symbolic dims), got a traced value "
+            f"{v.aval.str_short()}: if it is an argument of a compiled function, mark it "
+            f"static: `tgx.compile(f, static_argnames=(\"name\",))`; for a bound known only "
+            f"at run time use lax.dynamic_slice, tnp.take or tnp.where{user_site()}")
     if isinstance(v, int) and type(d) is int:
         v = v + d if v < 0 else v
         return builtins.min(builtins.max(v, 0), d)
