@@ -379,7 +379,9 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
     raises `tgx.OutOfMemory` before any kernel runs. `policy`: "fastest" (default: benchmark
     store, else cost model),
     "explore" (profile unmeasured candidates now), "heuristic" (rules, no store);
-    `store` (default `BenchmarkStore()`), `tolerance` (max measured relative error).
+    `store`: a `BenchmarkStore`, a path or a store URL; None (the default) is the default
+    store (`$TGX_STORE`, else the user cache); False or "off" (or `TGX_STORE=off`) plans
+    without one. `tolerance` (max measured relative error).
     `explore_budget` (seconds) bounds what "explore" spends measuring (half on kernels, the
     rest on whole plans; a later explore measures what was left out); it shows a progress
     bar on a terminal. `patterns=False` turns off the patterns stage: no pattern kernel

@@ -17,7 +17,7 @@ else is refused with the numbers.
 >>> def fast_scaled_tanh(x, s):               # numpy arrays in, a numpy array out
 ...     return np.tanh(x, out=np.empty_like(x)).__imul__(s)
 >>> k = tgx.register_kernel(scaled_tanh, fast_scaled_tanh, specs=(tgx.Spec(("N",)), tgx.Spec(())))
->>> f = tgx.compile(lambda a, b: tnp.tanh(a) * b + 1.0, backends=["numpy"], store=None)
+>>> f = tgx.compile(lambda a, b: tnp.tanh(a) * b + 1.0, backends=["numpy"], store=False)
 >>> x = np.ones(3, np.float32)
 >>> print(f.lower(x, np.float32(2)).kernels[0])
 scaled_tanh@numpy

@@ -158,7 +158,7 @@ class Plan:
         pattern occurrence its kernels against the op-by-op form (`tgx.planning.explain`).
 
         >>> import numpy as np, tgx, tgx.numpy as tnp
-        >>> plan = tgx.compile(tnp.exp, backends=["numpy"], store=None).lower(np.ones(2))
+        >>> plan = tgx.compile(tnp.exp, backends=["numpy"], store=False).lower(np.ones(2))
         >>> "exp[out]@numpy" in plan.explain()
         True
         """

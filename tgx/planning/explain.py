@@ -9,7 +9,7 @@ A measured whole plan (FASTEST's first choice) was taken as a whole, for its mea
 its per-equation alternatives are shown all the same.
 
 >>> import numpy as np, tgx, tgx.numpy as tnp
->>> plan = tgx.compile(lambda x: tnp.exp(x), backends=["numpy"], store=None).lower(
+>>> plan = tgx.compile(lambda x: tnp.exp(x), backends=["numpy"], store=False).lower(
 ...     np.ones(4, np.float32))
 >>> print(plan.explain().splitlines()[1].strip().split("  ")[0])
 0 exp: exp[out]@numpy
