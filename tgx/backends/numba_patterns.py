@@ -152,32 +152,48 @@ def _gru_gates(xw, b_ih, hw, b_hh, h, out):
             out[r, j] = ng + zg * (h[r, j] - ng)
 
 
-def _masked_softmax(s, mask, scale, out):
+# exp(x) = 2^k · exp(r), k = round(x / ln 2), r = x − k·ln 2 (ln 2 in two parts), exp(r) by
+# Cephes' expf polynomial; 2^k as the float32 bits (k + 127) << 23, written to an int32
+# scratch row and read back through a float32 view: no libm call, so the loop vectorizes.
+_LOG2E, _LN2_HI, _LN2_LO = 1.4426950408889634, 0.693359375, -2.12194440e-4
+_E5, _E4, _E3 = 1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3
+_E2, _E1, _E0 = 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1
+
+
+def _masked_softmax(s, mask, scale, out, bits):
     """softmax(where(mask, s * scale, -inf)) over the last axis; s (B, L, S), mask (1 or B,
-    L, S). A row with every key masked is NaN, as the reference computes it (0 / 0)."""
+    L, S), bits an int32 scratch row (S,). A row with every key masked is NaN, as the
+    reference computes it (0 / 0)."""
     b, rows, n = s.shape
+    pow2 = bits.view(np.float32)
     for i in range(b):
         mi = i if mask.shape[0] > 1 else 0
         for r in range(rows):
-            top = -np.inf
+            top = np.float32(-np.inf)
             for j in range(n):
-                if mask[mi, r, j]:
-                    v = s[i, r, j] * scale
-                    out[i, r, j] = v
-                    if v > top:
-                        top = v
+                v = s[i, r, j] * scale
+                out[i, r, j] = v
+                top = max(top, v if mask[mi, r, j] else np.float32(-np.inf))
             if top == -np.inf:
                 for j in range(n):
                     out[i, r, j] = np.nan
                 continue
+            for j in range(n):   # exp(v - top) ∈ [2^-126, 1]: k ∈ [-126, 0]
+                x = min(max(out[i, r, j] - top, np.float32(-87.0)), np.float32(0.0))
+                k = np.floor(x * np.float32(_LOG2E) + np.float32(0.5))
+                x = x - k * np.float32(_LN2_HI) - k * np.float32(_LN2_LO)
+                y = np.float32(_E5) * x + np.float32(_E4)
+                y = y * x + np.float32(_E3)
+                y = y * x + np.float32(_E2)
+                y = y * x + np.float32(_E1)
+                y = y * x + np.float32(_E0)
+                out[i, r, j] = y * (x * x) + x + np.float32(1.0)
+                bits[j] = (np.int32(k) + np.int32(127)) << 23
             den = np.float32(0.0)
             for j in range(n):
-                if mask[mi, r, j]:
-                    e = np.exp(out[i, r, j] - top)
-                    out[i, r, j] = e
-                    den += e
-                else:
-                    out[i, r, j] = 0.0
+                e = out[i, r, j] * pow2[j] if mask[mi, r, j] else np.float32(0.0)
+                out[i, r, j] = e
+                den += e
             inv = np.float32(1.0) / den
             for j in range(n):
                 out[i, r, j] *= inv
@@ -276,7 +292,7 @@ def _softmax_rows(s, mask, scale):
     s3 = np.ascontiguousarray(s.reshape(-1, rows, n))
     m3 = np.ascontiguousarray(mask.reshape(-1, rows, n))
     out = np.empty_like(s3)
-    masked_softmax_loop(s3, m3, np.float32(scale), out)
+    masked_softmax_loop(s3, m3, np.float32(scale), out, np.empty(n, np.int32))
     return out.reshape(s.shape)
 
 
