@@ -258,7 +258,7 @@ def test_models_that_never_name_them_get_gate_rope_and_cell_kernels(monkeypatch)
         return rng.standard_normal(s).astype(np.float32)
 
     def compiled(fn, *args):
-        plan = tgx.compile(fn, backends=["numpy"], store=None).lower(*args)
+        plan = tgx.compile(fn, backends=["numpy"], store=False).lower(*args)
         return {k.name for k in plan.kernels if k.pattern is not None}, plan(*args)
 
     def swiglu(x, wg, wu):        # a Llama MLP's gate
@@ -308,6 +308,6 @@ class SlowPatterns(CostModel):
 def test_a_gate_kernel_measured_slower_is_left_out(monkeypatch):
     monkeypatch.setattr(fastest, "CostModel", lambda *a, **k: SlowPatterns())
     x = np.ones((3, 16), np.float32)
-    plan = tgx.compile(lambda a, b: tnn.silu(a) * b, backends=["numpy"], store=None).lower(x, x)
+    plan = tgx.compile(lambda a, b: tnn.silu(a) * b, backends=["numpy"], store=False).lower(x, x)
     assert all(k.pattern is None for k in plan.kernels)
     np.testing.assert_allclose(plan(x, x), x * sigmoid64(x), rtol=1e-6)
