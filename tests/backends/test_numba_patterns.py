@@ -130,13 +130,15 @@ def softmax64(s, mask, scale):
 
 @settings(max_examples=25, deadline=None)
 @given(lead=st.lists(st.integers(1, 3), max_size=2).map(tuple), rows=st.integers(1, 6),
-       n=st.integers(1, 40), full_mask=st.booleans(), seed=st.integers(0, 2**16))
-def test_masked_softmax_matches_float64(lead, rows, n, full_mask, seed):
+       n=st.integers(1, 40), full_mask=st.booleans(),
+       scale=st.sampled_from([0.3, -0.3, 0.0, 2.0]), seed=st.integers(0, 2**16))
+def test_masked_softmax_matches_float64(lead, rows, n, full_mask, scale, seed):
     rng = np.random.default_rng(seed)
     s = rng.standard_normal((*lead, rows, n)).astype(np.float32) * 4
     mask = rng.random((*lead, rows, n) if full_mask else (rows, n)) < 0.7
-    got = NP.scaled_masked_softmax(s, mask, np.float32(0.3))
-    np.testing.assert_allclose(got, softmax64(s, mask, 0.3), rtol=1e-5, atol=1e-6)
+    got = NP.scaled_masked_softmax(s, mask, np.float32(scale))   # a negative scale: the
+    want = softmax64(s, mask, np.float64(np.float32(scale)))     # row's minimum leads
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(NP.masked_softmax(s, mask), softmax64(s, mask, 1.0), rtol=1e-5,
                                atol=1e-6)
 

@@ -166,20 +166,29 @@ def _masked_softmax(s, mask, scale, out, bits):
     reference computes it (0 / 0)."""
     b, rows, n = s.shape
     pow2 = bits.view(np.float32)
+    si = s.view(np.int32)
+    lowest, highest = np.int32(-2147483648), np.int32(2147483647)
     for i in range(b):
         mi = i if mask.shape[0] > 1 else 0
         for r in range(rows):
-            top = np.float32(-np.inf)
+            # The row's largest and smallest unmasked s as integer keys (float32 bits, the
+            # negatives' flipped, order as the floats do): numba leaves a float max
+            # reduction scalar (36 µs for 65k floats), an integer one vectorizes (7 µs).
+            hi, lo = lowest, highest
             for j in range(n):
-                v = s[i, r, j] * scale
-                out[i, r, j] = v
-                top = max(top, v if mask[mi, r, j] else np.float32(-np.inf))
-            if top == -np.inf:
+                k = si[i, r, j]
+                k = k if k >= 0 else k ^ np.int32(0x7fffffff)
+                hi = max(hi, k if mask[mi, r, j] else lowest)
+                lo = min(lo, k if mask[mi, r, j] else highest)
+            if hi == lowest:
                 for j in range(n):
                     out[i, r, j] = np.nan
                 continue
-            for j in range(n):   # exp(v - top) ∈ [2^-126, 1]: k ∈ [-126, 0]
-                x = min(max(out[i, r, j] - top, np.float32(-87.0)), np.float32(0.0))
+            k = hi if scale >= 0 else lo          # max(s * scale) = scale * (max or min s)
+            bits[0] = k if k >= 0 else k ^ np.int32(0x7fffffff)
+            top = pow2[0] * scale
+            for j in range(n):   # exp(s·scale − top) ∈ [2^-126, 1]: k ∈ [-126, 0]
+                x = min(max(s[i, r, j] * scale - top, np.float32(-87.0)), np.float32(0.0))
                 k = np.floor(x * np.float32(_LOG2E) + np.float32(0.5))
                 x = x - k * np.float32(_LN2_HI) - k * np.float32(_LN2_LO)
                 y = np.float32(_E5) * x + np.float32(_E4)
