@@ -19,8 +19,10 @@ Each reads its inputs once and writes its output once, where the op-by-op form m
 (and, in a plan, an instruction) per op. The epsilon of the norms is a wildcard param, so one
 kernel serves every model's value. tanh is a rational approximation LLVM vectorizes (the one
 Eigen and XLA use for float32; `math.tanh` is a scalar libm call, 4x slower here), and the
-sigmoid is (1 + tanh(x / 2)) / 2 (numba's `exp` stays a scalar call too); each kernel is
-checked against float64 like every pattern kernel before it is offered.
+sigmoid is (1 + tanh(x / 2)) / 2 (numba's `exp` stays a scalar call too); the softmax's exp
+is 2^k·p(r) with 2^k made from its bits, and its row maximum an integer maximum of the
+scores' bits. Each kernel is checked against float64 like every pattern kernel before it is
+offered.
 
 All are serial (`own_pool` False): a plan with them keeps BLAS's threads for its GEMMs. They
 are NumPy-backend kernels (NumPy arrays in and out, see `tgx.backends.numba_kernels`),
