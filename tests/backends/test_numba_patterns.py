@@ -94,8 +94,15 @@ def test_found_in_gemma_decoder_layers_that_never_name_them():
 
 
 class Prices(CostModel):
+    """Planted figures: pattern kernels take `pattern_s`, other kernels `other_s`."""
+
+    def __init__(self, pattern_s=1e-7, other_s=1e-5):
+        super().__init__()
+        self.pattern_s, self.other_s = pattern_s, other_s
+
     def kernel(self, eqn, kernel, dims):
-        return Estimate(1e-7 if kernel.pattern is not None else 1e-5, "measured", "planted")
+        return Estimate(self.pattern_s if kernel.pattern is not None else self.other_s,
+                        "measured", "planted")
 
     def transfer(self, aval, src, dst, dims):
         return Estimate(0.0 if src == dst else 1.0, "cost model")
@@ -299,16 +306,8 @@ def test_models_that_never_name_them_get_gate_rope_and_cell_kernels(monkeypatch)
                                rtol=1e-4, atol=1e-5)
 
 
-class SlowPatterns(CostModel):
-    def kernel(self, eqn, kernel, dims):
-        return Estimate(1e-3 if kernel.pattern is not None else 1e-6, "measured", "planted")
-
-    def transfer(self, aval, src, dst, dims):
-        return Estimate(0.0 if src == dst else 1.0, "cost model")
-
-
 def test_a_gate_kernel_measured_slower_is_left_out(monkeypatch):
-    monkeypatch.setattr(fastest, "CostModel", lambda *a, **k: SlowPatterns())
+    monkeypatch.setattr(fastest, "CostModel", lambda *a, **k: Prices(1e-3, 1e-6))
     x = np.ones((3, 16), np.float32)
     plan = tgx.compile(lambda a, b: tnn.silu(a) * b, backends=["numpy"], store=False).lower(x, x)
     assert all(k.pattern is None for k in plan.kernels)
