@@ -40,6 +40,10 @@ def gelu64(a):
     return 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a ** 3)))
 
 
+def sigmoid64(x):
+    return 1 / (1 + np.exp(-x.astype(np.float64)))
+
+
 shapes = st.lists(st.integers(1, 9), min_size=0, max_size=2).map(tuple)
 
 
@@ -61,12 +65,14 @@ def test_norm_kernels_match_float64(rows, d, eps, seed):
 @settings(max_examples=25, deadline=None)
 @given(shape=st.lists(st.integers(1, 40), min_size=1, max_size=3).map(tuple),
        scale=st.sampled_from([0.1, 1.0, 4.0, 30.0]), seed=st.integers(0, 2**16))
-def test_gelu_gate_matches_float64_everywhere_tanh_saturates_or_not(shape, scale, seed):
+@pytest.mark.parametrize("gate", ["gelu_tanh_gate", "silu_gate"])
+def test_gates_match_float64_everywhere_the_nonlinearity_saturates_or_not(gate, shape, scale,
+                                                                          seed):
     rng = np.random.default_rng(seed)
     a = (rng.standard_normal(shape) * scale).astype(np.float32)
     b = rng.standard_normal(shape).astype(np.float32)
-    want = gelu64(a) * b
-    got = NP.gelu_tanh_gate(a, b)
+    want = (gelu64(a) if gate == "gelu_tanh_gate" else a * sigmoid64(a)) * b
+    got = getattr(NP, gate)(a, b)
     assert got.dtype == np.float32 and got.shape == shape
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()))
 
@@ -164,23 +170,6 @@ def test_hand_written_attention_gets_the_softmax_kernel(monkeypatch):
     s = q.astype(np.float64) @ k.swapaxes(-1, -2)
     np.testing.assert_allclose(plan(q, k, v, mask), softmax64(s, mask, 0.25) @ v, rtol=1e-5,
                                atol=1e-6)
-
-
-def sigmoid64(x):
-    return 1 / (1 + np.exp(-x.astype(np.float64)))
-
-
-@settings(max_examples=25, deadline=None)
-@given(shape=st.lists(st.integers(1, 40), min_size=1, max_size=3).map(tuple),
-       scale=st.sampled_from([0.1, 1.0, 4.0, 30.0]), seed=st.integers(0, 2**16))
-def test_silu_gate_matches_float64(shape, scale, seed):
-    rng = np.random.default_rng(seed)
-    a = (rng.standard_normal(shape) * scale).astype(np.float32)
-    b = rng.standard_normal(shape).astype(np.float32)
-    want = a * sigmoid64(a) * b
-    got = NP.silu_gate(a, b)
-    assert got.dtype == np.float32 and got.shape == shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * max(1.0, np.abs(want).max()))
 
 
 def rope64(x, cos, sin):
