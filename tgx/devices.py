@@ -32,6 +32,19 @@ def aligned_empty(shape, dtype) -> np.ndarray:
     return raw[off:off + n].view(dtype).reshape(shape)
 
 
+def aligned_copy(x) -> np.ndarray:
+    """A writable copy of array `x` on the host whose data starts on an `ALIGNMENT` boundary.
+
+    >>> y = aligned_copy(np.arange(3.0))
+    >>> y.ctypes.data % ALIGNMENT, y.tolist()
+    (0, [0.0, 1.0, 2.0])
+    """
+    x = np.asarray(x)
+    out = aligned_empty(x.shape, x.dtype)
+    np.copyto(out, x)
+    return out
+
+
 @dataclass(frozen=True)
 class Device:
     """A memory space: `Device("cpu")`, `Device("cuda", 0)`; `str()` gives `"cuda:0"`."""

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .backends import get_backend
-from .devices import aligned_empty
+from .devices import aligned_copy
 from .tracing import tree_map
 
 
@@ -95,10 +95,4 @@ def aligned(tree: Any) -> Any:
     >>> p["w"].ctypes.data % 64, float(p["w"].sum())
     (0, 65536.0)
     """
-    def copy(x):
-        x = np.asarray(x)
-        out = aligned_empty(x.shape, x.dtype)
-        out[...] = x
-        return out
-
-    return tree_map(copy, tree)
+    return tree_map(aligned_copy, tree)

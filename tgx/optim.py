@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import numpy as tnp
-from .devices import aligned_empty
+from .devices import aligned_copy
 from .errors import BindingError, OptionError
 from .tracing import tree_flatten, tree_structure_str, tree_unflatten
 
@@ -82,13 +82,9 @@ def _map(f: Callable, what: str, tree: Any, *others: Any) -> Any:
 
 def _zeros_like(p):
     z = tnp.zeros_like(p)
-    if not isinstance(z, np.ndarray):
-        return z
     # eager tnp.zeros_like is a read-only broadcast view; a state buffer must be writable, and
     # aligned so that a plan running on JAX reads it in place (`tgx.aligned`)
-    out = aligned_empty(z.shape, z.dtype)
-    out[...] = 0
-    return out
+    return aligned_copy(z) if isinstance(z, np.ndarray) else z
 
 
 def _as(x, ref):

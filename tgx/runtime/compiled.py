@@ -27,7 +27,7 @@ import numpy as np
 
 from ..backends import backend_of, get_backend, to_host
 from ..core import pp_eqn, var_namer
-from ..devices import aligned_empty
+from ..devices import aligned_copy, aligned_empty
 from ..errors import BindingError, DTypeError, KernelError
 from ..shapes import ShapedArray, check_dim_value, eval_dim, shape_str
 from ..transforms.evaluate import bind_dims
@@ -317,9 +317,7 @@ class CompiledGraph:
         (aligned, so a JAX region reads it in place) takes the argument's place."""
         for (a, _, copy), obj in zip(self.state, objs):
             if obj is None and not copy:
-                x = aligned_empty(args[a].shape, args[a].dtype)
-                np.copyto(x, args[a])
-                args[a] = x
+                args[a] = aligned_copy(args[a])
 
     def _write_state(self, args: list, objs: list, outs: list) -> None:
         """Copy aliasing outputs, write copied state into the caller's arrays, and return the
