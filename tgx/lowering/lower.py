@@ -166,19 +166,6 @@ def _inplace_instruction(e, b, slot_of, lit_slot, index):
                        returns_view=True, view_of=(0,))
 
 
-def _inplace_aliases(graph, eqns, kernels, sp, state) -> set:
-    """Ids of the values that may share memory with a state buffer updated in place: its
-    input, the updates' results, and every copy or view of those."""
-    if not sp.inplace:
-        return set()
-    out = {graph.invars[a].id for (a, _), copy in zip(state, sp.copy) if not copy}
-    for j, (e, k) in enumerate(zip(eqns, kernels)):
-        if j in sp.inplace or (any(isinstance(x, Var) and x.id in out for x in e.invars)
-                               and (_is_transfer(e) or getattr(k, "returns_view", True))):
-            out.update(v.id for v in e.outvars)
-    return out
-
-
 def _into_state_instruction(e, kernel, b, buffer, slot_of, lit_slot, index):
     """An elementwise op writing its result into a state buffer (`buffer`, its first input):
     `fn(buf, *operands)` calls the kernel with `out=buf`."""
@@ -266,8 +253,7 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
     for e, b in zip(eqns, backends):
         for v in e.outvars:
             home[v.id] = b
-    no_pass = set(weight_of) | set(const_value) | _inplace_aliases(graph, eqns, kernels, sp,
-                                                                     state)
+    no_pass = set(weight_of) | set(const_value) | sp.shared
     through: dict[int, Var] = {}
     for e, b in zip(eqns, backends):
         if (_is_transfer(e) and isinstance(e.invars[0], Var) and fuse_regions

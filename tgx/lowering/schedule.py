@@ -44,7 +44,7 @@ def schedule(bg, state: Sequence[tuple[int, int]] = ()) -> tuple:
         pos = {j: t for t, j in enumerate(sp.order)}
         sp = StatePlan(list(range(len(bg.eqns))), frozenset(pos[j] for j in sp.inplace),
                        sp.copy, sp.reasons, sp.alias_outs,
-                       {pos[j]: v for j, v in sp.buffers.items()})
+                       {pos[j]: v for j, v in sp.buffers.items()}, sp.shared)
         bg = bg.reordered([j for j in sorted(pos, key=pos.get)])
     return bg, sp
 

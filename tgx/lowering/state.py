@@ -55,6 +55,9 @@ class StatePlan:
     #: elementwise updates (equation index → the variable holding S's buffer on its
     #: backend): the op writes its result into that buffer
     buffers: dict = field(default_factory=dict)
+    #: ids of the values that may share memory with a buffer updated in place (the state
+    #: argument, its updates, their copies and views)
+    shared: frozenset = frozenset()
 
 
 def _zero_copy_transfer(e, backend: str) -> bool:
@@ -245,7 +248,8 @@ def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: S
         chains, order, buffers = {}, identity, {}
     inplace = frozenset(j for p in chains for j in updates[p])
     copy = tuple(p not in chains for p in range(len(state)))
-    return StatePlan(order, inplace, copy, tuple(reasons), tuple(alias_outs), buffers)
+    shared = frozenset(v for v, pairs in alias.items() if any(p in chains for p in pairs))
+    return StatePlan(order, inplace, copy, tuple(reasons), tuple(alias_outs), buffers, shared)
 
 
 def _descendants(j: int, users: list) -> set:
