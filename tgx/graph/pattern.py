@@ -65,8 +65,20 @@ def as_pattern(pattern: Graph | Callable, specs: tuple = (), graph: Graph | None
     if graph is not None:
         present = {e.primitive.name for e in graph.eqns}
         if any(not e.primitive.atomic and e.primitive.name not in present for e in g.eqns):
-            g = decompose(g, keep=present)
+            # a kernel's pattern is matched against every graph the planner solves: it is
+            # decomposed once per set of composites kept (only they change the result)
+            key = (id(g), frozenset(e.primitive.name for e in graph.eqns
+                                    if not e.primitive.atomic))
+            hit = _DECOMPOSED.get(key)
+            if hit is None or hit[0] is not g:
+                hit = _DECOMPOSED[key] = (g, dead_code_elimination(decompose(g, keep=present)))
+            return hit[1]
     return dead_code_elimination(g)
+
+
+#: (id(pattern), the graph's composites) -> (pattern, the pattern decomposed keeping them);
+#: the pattern is held so that its id is not reused while the entry lives
+_DECOMPOSED: dict = {}
 
 
 # ---------------------------------------------------------------------------------------------
