@@ -57,13 +57,15 @@ from .tracing import make_graph, tree_flatten
 from .transforms.decompose import decomposition_graph
 from .transforms.evaluate import bind_dims, eval_graph, eval_graph_flat
 
-#: plans measured within this fraction of the fastest get extra passes (see
-#: `measure_assignments`)
 #: plans slower than this factor of the best after a round get no further passes (per-pass
 #: figures vary by ±30% on the 2-core CPU; the 18-layer prefill's torch and NumPy plans run
 #: 1.3-1.5x the jax plan)
 FAR = 1.5
+#: plans measured within this fraction of the fastest get extra passes (see
+#: `measure_assignments`)
 CLOSE = 0.15
+#: a plan's call at least this long gets `rounds` passes in the close race, not twice as many
+LONG_CALL_S = 0.05
 
 
 # -- kernels -----------------------------------------------------------------------------------
@@ -188,7 +190,8 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
     all; each pass first runs the plan for `spin_up_s` untimed, then times it, and a plan's
     figure is the median of its pass medians; after each pass a plan `FAR` slower than
     the fastest (both at their best pass) gets no further passes, and plans within `CLOSE`
-    of the fastest then get twice as many passes again, to tell them apart. The spin-up is
+    of the fastest then get twice as many passes again (as many again when the fastest
+    call takes `LONG_CALL_S` or more), to tell them apart. The spin-up is
     what makes passes comparable: thread pools outlive the call that started them (OpenBLAS
     workers spin ~0.1 s, torch's OpenMP pool, XLA's), so a plan timed right after another
     would pay for it, while a plan run in a loop pays only for its own pools.
@@ -233,10 +236,10 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
 
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            # the accuracy check (its quick timing is replaced by the passes below)
+            # the accuracy check, one call (the passes below time the plan)
             recs[impl] = profile(fn, args, golden=_single(golden), atol=atol, rtol=rtol,
                                  graph_hash=ghash, impl=impl, workload=wkey, env_id=env_id,
-                                 budget_s=0.01, warmup=0, max_repeats=1)
+                                 timed=False)
         if recs[impl]["status"] == "PASSED":
             # timed as it runs: state buffers updated in place call after call
             runs[impl] = (lambda *xs, run=plan.compiled.run_flat: run(list(xs)))
@@ -266,7 +269,9 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
         best = min(med.values())
         close = [impl for impl, m in med.items() if m <= best * (1 + CLOSE)]
         if len(close) > 1:
-            race(close, 2 * rounds)
+            # a long call is its own average (a 0.2 s prefill: pass medians within ~3%);
+            # short ones need more passes to rise above the machine's noise
+            race(close, 2 * rounds if best < LONG_CALL_S else rounds)
     for impl, ts in passes.items():
         med = [t.median_s for t in ts]
         mid = statistics.median(med)

@@ -211,7 +211,7 @@ def _profile_here(fn: Callable, args: Sequence[Any], golden_value: Any, dtype: A
         if acc is not None:
             rec.update(max_abs_err=acc.max_abs_err, max_rel_err=acc.max_rel_err,
                        ulp_err=acc.ulp_err)
-        if rec["status"] == Status.PASSED:
+        if rec["status"] == Status.PASSED and options.get("timed", True):
             t = measure(fn, args, **{k: options[k] for k in _MEASURE_KEYS if k in options})
             rec.update(median_s=t.median_s, min_s=t.min_s, spread=t.spread,
                        samples=t.samples)
@@ -335,14 +335,15 @@ def profile(fn: str | Callable, args: Sequence[Any] = (), *, golden: Any = None,
             dtype: Any = None, store: Any = None, graph_hash: str | None = None,
             impl: str | None = None, workload: str | None = None, env_id: str | None = None,
             isolate: bool = False, timeout_s: float = 30, atol: float | None = None,
-            rtol: float | None = None, **measure_kw: Any) -> dict:
+            rtol: float | None = None, timed: bool = True, **measure_kw: Any) -> dict:
     """Check ``fn(*args)`` against `golden`, time it, and return the trace record.
 
     `fn` is a callable or a job spec ``"module.path:function"`` / ``"file.py:function"``.
     `golden` is the float64 expected result, or a NumPy reference function (or its job spec)
     applied to `golden_inputs(args)`, or None (accuracy not checked). Timing (`measure`, options in
     `measure_kw`; ``sync`` may be a backend name for `sync_for`) runs only if the accuracy
-    check passed. Statuses: PASSED,
+    check passed, and not at all with ``timed=False`` (a check whose caller times the
+    function itself: the record then has no timing). Statuses: PASSED,
     INCORRECT_NUMERICAL, INCORRECT_SHAPE, RUNTIME_ERROR (traceback in ``log``), TIMEOUT.
 
     With ``isolate=True`` the candidate runs in ``python -m tgx.profiling._worker``: a crash
@@ -359,7 +360,8 @@ def profile(fn: str | Callable, args: Sequence[Any] = (), *, golden: Any = None,
     ('PASSED', 0.0)
     """
     rec = _profile_record(fn, args, golden, dtype, store, graph_hash, impl, workload, env_id,
-                          isolate, timeout_s, dict(measure_kw, atol=atol, rtol=rtol),
+                          isolate, timeout_s,
+                          dict(measure_kw, atol=atol, rtol=rtol, timed=timed),
                           store_specs(store))
     if store is not None:
         store.add_trace(**fill_speedup([rec], store)[0])
