@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/bench_gemma.py [--layers 18] [--vocab 32768] [--phase both]
                                           [--rounds 7] [--store PATH] [--skip ROW ...]
-                                          [--patterns-off]
+                                          [--patterns-off] [--floor]
 
 The model is examples/gemma3.py (the HF architecture; its logits match `Gemma3ForCausalLM`,
 tests/models). Both phases run the same step function with a KV cache kept as state: prefill
@@ -23,6 +23,8 @@ Rows are timed in rotating blocks: each round visits every row, warms it up with
 after the switch of library, then times `--calls` calls. Printed per row: median, min and
 spread (p90 / median) over all timed calls, and the ratio to the best single-library row
 (every row but tgx FASTEST). Every row's logits are checked against NumPy's first.
+`--floor` adds rows that run only the model's GEMMs (each weight times the phase's rows) in
+NumPy, jax.jit and torch's bfloat16: the floor under each phase.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class Row:
     times: list = dataclasses.field(default_factory=list)
     note: str = ""
     tolerance: float | None = None  # the row's logits may differ from NumPy's this much
+    check: bool = True         # the row returns the logits (the GEMM floor rows do not)
 
 
 def phase_inputs(phase: str, cfg, rng):
@@ -197,6 +200,37 @@ def hf_row(cfg, params, tokens, pos) -> Row:
     return Row("HF transformers eager", hf)
 
 
+def floor_rows(params, rows: int) -> list[Row]:
+    """The model's GEMMs alone: every 2-D weight (the tied embedding as the head) times
+    `rows` rows, once, in NumPy, jax.jit and torch's bfloat16 (oneDNN): the floor under a
+    phase's time in each (not counted as a single library: they skip the rest of the
+    model)."""
+    import jax
+    import torch
+
+    ws = [w for w in flatten_names(params).values() if w.ndim == 2]
+    rng = np.random.default_rng(1)
+    xs = {k: rng.standard_normal((rows, k)).astype(np.float32) for k in {w.shape[1] for w in ws}}
+
+    def numpy_gemms():
+        for w in ws:
+            xs[w.shape[1]] @ w.T
+
+    jws, jxs = [jax.device_put(w) for w in ws], {k: jax.device_put(x) for k, x in xs.items()}
+    jit_gemms = jax.jit(lambda xs, ws: [xs[w.shape[1]] @ w.T for w in ws])
+    tws = [torch.from_numpy(w).bfloat16() for w in ws]
+    txs = {k: torch.from_numpy(x) for k, x in xs.items()}
+
+    def torch_bf16_gemms():
+        for w in tws:
+            torch.nn.functional.linear(txs[w.shape[1]].bfloat16(), w)
+
+    return [Row("GEMMs only: NumPy", numpy_gemms, single=False, check=False),
+            Row("GEMMs only: jax.jit",
+                lambda: jax.block_until_ready(jit_gemms(jxs, jws)), single=False, check=False),
+            Row("GEMMs only: torch bf16", torch_bf16_gemms, single=False, check=False)]
+
+
 def time_rows(rows: list[Row], rounds: int, calls: int) -> None:
     """Rotating blocks: per round, each row gets one warm-up call then `calls` timed ones."""
     for r in range(rounds):
@@ -210,7 +244,7 @@ def time_rows(rows: list[Row], rounds: int, calls: int) -> None:
 
 
 def check(rows: list[Row], ref) -> None:
-    for row in rows:
+    for row in (r for r in rows if r.check):
         out = np.asarray(row.call(), dtype=np.float64)
         err = np.abs(out - ref).max() / np.abs(ref).max()
         if not err < (row.tolerance or 1e-3):
@@ -251,6 +285,8 @@ def main(argv=None) -> None:
                     help="rows with the patterns stage off too (pattern kernels on/off)")
     ap.add_argument("--skip", nargs="*", default=[], help="peer rows to leave out: "
                     "torch.compile, hf")
+    ap.add_argument("--floor", action="store_true",
+                    help="rows timing the model's GEMMs alone (NumPy, jax.jit, torch bf16)")
     args = ap.parse_args(argv)
     cfg = G.Config.gemma3_270m(vocab_size=args.vocab, num_hidden_layers=args.layers)
     t0 = time.perf_counter()
@@ -270,6 +306,8 @@ def main(argv=None) -> None:
                             None if args.no_explore else store, args.tolerance,
                             args.patterns_off)
             rows += peer_rows(cfg, params, phase, tokens, pos, set(args.skip))
+            if args.floor:
+                rows += floor_rows(params, len(tokens))
             ref = G.gemma3_reference(params, tokens, cfg, "numpy", filled_cache(cfg, params),
                                      pos)[0]
             check(rows, ref)
