@@ -179,7 +179,7 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
                         dims: Mapping, options: PlanOptions | None = None, *,
                         budget_s: float = 0.2, rounds: int = 3, spin_up_s: float = 0.1,
                         env_id: str | None = None, time_limit_s: float | None = None,
-                        progress: bool | None = False) -> int:
+                        progress: bool | None = False, traced: str | None = None) -> int:
     """Time each assignment of {label: Assignment}, lowered with `options` exactly as
     `tgx.compile` lowers it (bound weights, state buffers), on random inputs at `dims`
     (checked against the reference evaluator) and record a GRAPH_RECIPE trace with the
@@ -198,7 +198,8 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
 
     `time_limit_s`: no further plan is lowered and checked once this much time has passed
     (those measured so far are still timed and recorded); `progress`: a bar on stderr (None:
-    on a terminal)."""
+    on a terminal); `traced`: the key of the graph as traced (`recipes.traced_key`), under
+    which each trace is recorded too."""
     if not assignments:
         return 0
     options = options or PlanOptions()
@@ -213,8 +214,11 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
     scale = max((float(np.max(np.abs(o))) for o in golden if np.size(o)), default=1.0)
     atol, rtol = 1e-3 * scale, 1e-2
     ghash, wkey = graph_keys(graph, dims)
-    store.add_workload(ghash, {str(k): int(v) for k, v in dims.items()},
-                       [(list(np.shape(a)), np.asarray(a).dtype.name) for a in args])
+    axes = {str(k): int(v) for k, v in dims.items()}
+    inputs = [(list(np.shape(a)), np.asarray(a).dtype.name) for a in args]
+    store.add_workload(ghash, axes, inputs)
+    if traced is not None:
+        store.add_workload(traced, axes, inputs)
     recs: dict[str, dict] = {}
     runs: dict[str, object] = {}
     start = time.monotonic()
@@ -279,18 +283,23 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
                           spread=(max(med) - min(med)) / mid if mid else 0.0,
                           samples=sum(t.samples for t in ts))
     if recs:
-        store.add_traces(list(recs.values()))
+        also = []
+        if traced is not None:
+            twkey = graph_keys(graph, dims, traced)[1]
+            also = [dict(r, graph_hash=traced, workload=twkey) for r in recs.values()]
+        store.add_traces(list(recs.values()) + also)
     return len(recs)
 
 
 def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
-            dims: Mapping) -> None:
+            dims: Mapping, traced: str | None = None) -> None:
     """EXPLORE: profile the unmeasured candidate kernels of `graph`, then measure the
     shortlist of whole plans lowered with `options`; FASTEST then chooses from the store.
 
     With `options.explore_budget` (seconds), kernels get at most half of it and whole plans
     what is left; what the budget leaves out is measured by a later explore. A progress bar
-    goes to stderr on a terminal (`$TGX_PROGRESS=1/0` forces it on/off)."""
+    goes to stderr on a terminal (`$TGX_PROGRESS=1/0` forces it on/off). `traced`: the key
+    of the graph as traced (`recipes.traced_key`), under which plans are recorded too."""
     start, budget = time.monotonic(), options.explore_budget
     cm = CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)
     explore_kernels(graph, backends, store, cm, dims, progress=None,
@@ -300,7 +309,7 @@ def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
     left = None if budget is None else max(0.0, budget - (time.monotonic() - start))
     measure_assignments(graph, candidate_assignments(graph, backends, cm, dims, options),
                         store, dims, options, env_id=cm.env_id, time_limit_s=left,
-                        progress=None)
+                        progress=None, traced=traced)
 
 
 def _single(outs: list):

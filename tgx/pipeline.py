@@ -16,6 +16,12 @@
 - rebackend, schedule, lower, buffers: `tgx.lowering.lower_assignment`, the one lowering of
   every assignment.
 
+FASTEST without a tolerance first looks for a measured plan of the graph as traced
+(`measured_as_traced`): EXPLORE records its plans under that key too, so a later compile
+lowers the measured plan without running simplify, patterns and fuse (matching pattern
+kernels imports every backend: torch and jax take ~2 s, which a NumPy plan never needs);
+its `stages` are then "traced", "select" and the lowering's.
+
 `plan.stages` holds the program after each stage; `print(plan.stages)` shows them in order.
 Options travel as one frozen `PlanOptions`.
 
@@ -42,7 +48,9 @@ from .planning.fastest import fastest_assignment
 from .planning.heuristic import heuristic_assignment
 from .planning.kernel_patterns import match_patterns
 from .planning.options import PlanOptions
+from .planning.recipes import measured_plans, traced_key
 from .planning.regions import fuse_regions
+from .serialize import SerializationError
 from .shapes import hint_binding
 from .store import open_for_planning
 from .transforms.simplify import simplify
@@ -68,11 +76,38 @@ def plan_graph(graph: Graph, options: PlanOptions | None = None, **kw) -> Plan:
     elif kw:
         options = replace(options, **kw)
     backends = check_backends(options.backends, options.device)
+    traced = None
+    if options.policy in ("fastest", "explore") and options.device == "cpu":
+        traced = traced_key(graph, options, backends)
+        found = measured_as_traced(graph, options, backends, traced)
+        if found is not None:  # the stages' result is the measured plan's graph
+            return lower_assignment(found, options, source_graph=graph,
+                                    stages=[("traced", graph), ("select", found)])
     stages = [("traced", graph), *graph_stages(graph, options)]
     g = stages[-1][1]
-    assignment = select(g, options, backends)
+    assignment = select(g, options, backends, traced)
     stages.append(("select", assignment))
     return lower_assignment(assignment, options, source_graph=graph, stages=stages)
+
+
+def measured_as_traced(graph: Graph, options: PlanOptions, backends,
+                       traced: str) -> Assignment | None:
+    """FASTEST's measured plan found from the graph as traced (`recipes.traced_key`), before
+    the stages run, or None: only for "fastest" without a tolerance (a tolerance may prefer
+    a selection holding weights in a lower precision, which the stages must build)."""
+    if options.policy != "fastest" or options.tolerance is not None:
+        return None
+    store, unusable = open_for_planning(options.store)
+    if store is None or unusable:
+        return None
+    dims = options.binding or hint_binding(graph.in_avals)
+    for m in measured_plans(graph, backends, store, dims, options=options, key=traced):
+        try:
+            a = m.assignment()
+        except SerializationError:  # a kernel changed since: the next one
+            continue
+        return a.replace(by=f"fastest ({a.by}; found from the traced graph)")
+    return None
 
 
 def graph_stages(graph: Graph, options: PlanOptions) -> list[tuple[str, Graph]]:
@@ -95,8 +130,10 @@ def transform(graph: Graph, options: PlanOptions | None = None) -> Graph:
     return graph_stages(graph, options or PlanOptions())[-1][1]
 
 
-def select(graph: Graph, options: PlanOptions, backends) -> Assignment:
-    """The select stage: the policy's `Assignment` of `graph`."""
+def select(graph: Graph, options: PlanOptions, backends, traced: str | None = None
+           ) -> Assignment:
+    """The select stage: the policy's `Assignment` of `graph`; `traced`: the key of the graph
+    as traced, under which EXPLORE records the plans it measures too."""
     if options.policy == "heuristic":
         return heuristic_assignment(graph, backends, options.device)
     if options.device != "cpu":  # the store's figures are CPU timings
@@ -110,5 +147,5 @@ def select(graph: Graph, options: PlanOptions, backends) -> Assignment:
     dims = options.binding or hint_binding(graph.in_avals)
     options = replace(options, store=store, dims=dims)
     if options.policy == "explore" and store is not None:
-        explore(graph, options, store, backends, dims)
+        explore(graph, options, store, backends, dims, traced)
     return fastest_assignment(graph, options, store, flag=options.policy == "fastest")

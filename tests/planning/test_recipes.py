@@ -20,7 +20,7 @@ from tgx.planning.heuristic import heuristic_assignment
 from tgx.pipeline import transform
 from tgx.planning.options import PlanOptions
 from tgx.serialize import SerializationError
-from tgx.store import BenchmarkStore
+from tgx.store import BenchmarkStore, environment
 
 BACKENDS = [b for b in ("numpy", "torch", "jax") if backend_available(b)]
 
@@ -45,9 +45,10 @@ def store(tmp_path):
 
 
 def plant(store, graph, dims, label, assignment, median_s, status="PASSED",
-          options=PlanOptions()):
-    """Record `assignment` as measured at `median_s` without timing it."""
-    ghash, wkey = recipes.graph_keys(graph, dims)
+          options=PlanOptions(), key=None):
+    """Record `assignment` as measured at `median_s` without timing it (under `key`, a
+    `recipes.traced_key`, when given)."""
+    ghash, wkey = recipes.graph_keys(graph, dims, key)
     inputs = [([dims["N"]], v.aval.dtype.name) for v in graph.invars]
     assert store.add_workload(ghash, dict(dims), inputs) == wkey
     impl = recipes.record_recipe(store, graph, assignment, dims, options, label)
@@ -216,3 +217,72 @@ def test_fastest_is_never_slower_than_any_measured_or_single_backend_plan(tmp_pa
     y, s2 = c(x, s)
     np.testing.assert_allclose(y, ref(x) + 4.0, rtol=1e-5)
     np.testing.assert_allclose(s2, 0.5)
+
+
+# -- found from the graph as traced: a later compile skips the stages ------------------------
+
+def test_a_later_compile_finds_the_measured_plan_from_the_traced_graph(store):
+    dyn = {"x": {0: "N"}}
+    x = np.linspace(-2, 1, 32).astype(np.float32)
+    tgx.compile(f, policy="explore", backends=BACKENDS, store=store, dynamic=dyn)(x)
+    best = recipes.measured_plans(seen(f), BACKENDS, store, {"N": 32})[0]
+    c = tgx.compile(f, policy="fastest", backends=BACKENDS, store=store, dynamic=dyn)
+    np.testing.assert_allclose(c(x), ref(x), rtol=1e-5)
+    plan = c.lower(tgx.Spec(("N",)))
+    assert f"measured plan {best.label}" in plan.policy
+    assert "found from the traced graph" in plan.policy
+    assert [n for n, _ in plan.stages][:2] == ["traced", "select"]  # simplify..fuse skipped
+    # what changes the stages' result changes the key: planned through the stages again
+    for kw in (dict(patterns=False), dict(backends=BACKENDS[:1]), dict(tolerance=1e-3)):
+        c = tgx.compile(f, **{"policy": "fastest", "backends": BACKENDS, "store": store,
+                              "dynamic": dyn, **kw})
+        np.testing.assert_allclose(c(x), ref(x), rtol=1e-5)
+        assert "found from the traced graph" not in c.lower(tgx.Spec(("N",))).policy
+
+
+def test_a_pattern_kernel_registered_later_changes_the_traced_key():
+    g = tgx.make_graph(f)(tgx.Spec(("N",)))
+    before = recipes.traced_key(g, PlanOptions(), ["numpy"])
+    tgx.register_kernel(lambda x: tnp.tanh(x * 2.0 + 1.0), lambda x: np.tanh(x * 2 + 1),
+                        specs=(tgx.Spec(("N",)),), name="test_traced_key_tanh")
+    try:
+        assert recipes.traced_key(g, PlanOptions(), ["numpy"]) != before
+        assert recipes.traced_key(g, PlanOptions(), ["torch"]) == \
+            recipes.traced_key(g, PlanOptions(), ["torch"])
+    finally:
+        tgx.unregister_kernel("test_traced_key_tanh")
+
+
+@pytest.mark.skipif("torch" not in BACKENDS, reason="needs torch")
+@pytest.mark.skipif(environment._may_have_gpu(),
+                    reason="a GPU driver is present: the environment is read through torch")
+def test_a_measured_numpy_plan_is_lowered_without_importing_torch(tmp_path):
+    """Matching pattern kernels imports every backend; a measured plan found from the traced
+    graph needs only its own (a fresh process: torch stays unimported)."""
+    import subprocess
+    import sys
+
+    store = BenchmarkStore(tmp_path / "store.json")
+    backends = ["numpy", "torch"]
+    opts = PlanOptions(policy="fastest", backends=tuple(backends))
+    traced = tgx.make_graph(f)(tgx.Spec(("N",)))
+    g = seen(f)
+    key = recipes.traced_key(traced, opts, backends)
+    for label, b, t in (("numpy", "numpy", 1e-6), ("torch", "torch", 1.0)):
+        plant(store, g, {"N": 32}, label, heuristic_assignment(g, [b]), t, key=key)
+    code = f"""
+import sys, numpy as np, tgx, tgx.numpy as tnp
+def f(x):
+    return tnp.tanh(tnp.exp(x) * 2.0 + 1.0)
+c = tgx.compile(f, policy="fastest", backends={backends!r}, store={str(store.path)!r},
+                dynamic={{"x": {{0: "N"}}}})
+y = c(np.linspace(-2, 1, 32).astype(np.float32))
+print(c.lower(tgx.Spec(("N",))).policy)
+print("torch" in sys.modules, float(y[0]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.splitlines()
+    assert "measured plan numpy" in out[0] and "found from the traced graph" in out[0]
+    imported, y0 = out[1].split()
+    assert imported == "False"
+    assert float(y0) == pytest.approx(float(ref(np.float32([-2.0]))[0]), rel=1e-5)

@@ -11,7 +11,7 @@ reference and the decomposition, and the profiler checks them against the golden
 
 >>> import numpy as np
 >>> from tgx.backends.registry import kernels_for
->>> sorted(k.variant for k in kernels_for("linear", "numpy") if "numba" not in k.variant)
+>>> sorted(k.variant for k in kernels_for("linear", "numpy") if k.variant in ("default", "library"))
 ['default', 'library']
 >>> numpy_linear(np.ones((2, 3), np.float32), np.ones((4, 3), np.float32)).dtype
 dtype('float32')

@@ -10,7 +10,11 @@ one format). FASTEST takes the fastest *measured* plan of the graph at this bind
 same options it was measured with (bound weights, state), so what was measured is what runs.
 
 Recipes are keyed by the graph's structural hash, the workload (binding and input shapes),
-the environment, and the lowering options that change the run time (`recipe_name`).
+the environment, and the lowering options that change the run time (`recipe_name`). EXPLORE
+also records each under the key of the graph *as traced* (`traced_key`), so that FASTEST in a
+later process finds the measured plan before it runs the stages that lead to the planned
+graph: matching pattern kernels imports every backend (torch and jax: ~2 s), which a plan
+that does not run on them never needs.
 
 >>> import tgx, tgx.numpy as tnp
 >>> from tgx.planning.options import PlanOptions
@@ -25,6 +29,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..backends.registry import all_kernels
 from ..graph import structural_hash
 from ..serialize import graph_to_bytes
 from ..shapes import concrete_shape
@@ -63,12 +68,35 @@ def recipe_name(options) -> str:
         "+state" if options.state else "")
 
 
-def graph_keys(graph, dims: Mapping) -> tuple[str, str]:
-    """(graph hash, workload key) of the whole graph at `dims`."""
+def graph_keys(graph, dims: Mapping, key: str | None = None) -> tuple[str, str]:
+    """(graph hash, workload key) of the whole graph at `dims`; `key` replaces the graph's
+    structural hash (`traced_key`)."""
     inputs = [(list(concrete_shape(v.aval.shape, dims)), v.aval.dtype.name)
               for v in graph.invars]
-    ghash = structural_hash(graph)
+    ghash = key or structural_hash(graph)
     return ghash, workload_key(ghash, {str(k): int(v) for k, v in dims.items()}, inputs)
+
+
+def traced_key(graph, options, backends: Sequence[str]) -> str:
+    """The key of `graph` as traced, with all that the stages between it and the planned
+    graph depend on: simplify, patterns and fuse on or off, the backends, and the pattern
+    kernels registered from outside tgx (a user's new kernel must get its chance: the stages
+    would match it). tgx's own pattern kernels change only with its version, which is part of
+    the environment every trace is recorded in.
+
+    >>> import tgx, tgx.numpy as tnp
+    >>> from tgx.planning.options import PlanOptions
+    >>> g = tgx.make_graph(lambda x: tnp.exp(x))(tgx.Spec((4,)))
+    >>> k = traced_key(g, PlanOptions(), ["numpy"])
+    >>> k.startswith("traced:"), k == traced_key(g, PlanOptions(patterns=False), ["numpy"])
+    (True, False)
+    """
+    users = sorted(f"{k.label}:{k.source_hash}" for k in all_kernels()
+                   if k.pattern is not None and k.backend in backends
+                   and not getattr(k.fn, "__module__", "").startswith("tgx."))
+    key = repr((structural_hash(graph), options.simplify, options.patterns, options.fuse,
+                sorted(backends), users))
+    return "traced:" + hashlib.sha256(key.encode()).hexdigest()
 
 
 def assignment_digest(assignment: Assignment, options) -> str:
@@ -95,9 +123,10 @@ def record_recipe(store, graph, assignment: Assignment, dims: Mapping, options,
 
 def measured_plans(graph, backends: Sequence[str], store, dims: Mapping,
                    env_id: str | None = None, options=None, *,
-                   nearest: bool = True) -> list[MeasuredPlan]:
+                   nearest: bool = True, key: str | None = None) -> list[MeasuredPlan]:
     """The plans of `graph` measured (PASSED) on this machine that use only `backends` and
-    were lowered with `options`' weights and state, fastest first, at the binding `dims`.
+    were lowered with `options`' weights and state, fastest first, at the binding `dims`;
+    `key`: look them up under this key (`traced_key`) instead of the graph's hash.
 
     With `nearest` and nothing measured at `dims`, the plans of the *nearest measured binding*
     (the one whose total input elements are closest in log-space, the rule the cost model
@@ -105,7 +134,7 @@ def measured_plans(graph, backends: Sequence[str], store, dims: Mapping,
     the size, and a measured plan at another size beats a prediction at this one."""
     options = options or PlanOptions()
     env_id = env_id or store.environment_id()
-    ghash, wkey = graph_keys(graph, dims)
+    ghash, wkey = graph_keys(graph, dims, key)
     name = recipe_name(options)
     found = _measured_at(store, ghash, wkey, env_id, backends, name, dict(dims))
     if found or not nearest:
