@@ -12,7 +12,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
 	# tgx was installed as "tgx" before it became tgx-trace: drop that record (and its script)
 	$(PY) -m pip uninstall -q -y --disable-pip-version-check tgx 2>/dev/null || true
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[torch,jax,numba,sql,fleet,test]"
+	# triton: the Triton kernel tests run its interpreter and compile to PTX without a GPU
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[torch,jax,numba,sql,fleet,test,triton]"
 	touch $(STAMP)
 
 test: $(STAMP)

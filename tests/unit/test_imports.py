@@ -21,6 +21,7 @@ DEFERRED = {
     "numba": "optional and heavy (LLVM): imported when a generated kernel first compiles",
     "scipy": "0.15 s of `import tgx`: only NumPy references of a few ops (erf, expit) use it",
     "ray": "optional (the fleet extra) and ~0.3 s: only `tgx profile --ray` uses it",
+    "triton": "optional (the triton extra) and ~1 s: imported when a Triton kernel loads",
 }
 
 

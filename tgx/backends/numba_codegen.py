@@ -1,19 +1,22 @@
-"""Kernels generated from a fused region's IR: one numba loop for a chain of elementwise ops.
+"""Kernels generated from a fused region's IR: numba loops for elementwise ops, broadcast
+operands and reductions over the last axis.
 
-`tgx.fuse` groups connected elementwise equations into a `fused` equation (the compile
-pipeline's fuse stage does so for regions this module can generate). `generated_kernel(eqn)`
-turns its body into Python source — one flat loop over the output's elements, each op a line
-on scalars, every intermediate cast to its dtype as the IR says — and compiles it with numba:
-where NumPy makes a pass over memory (and tgx an instruction) per op, the loop makes one.
+The fuse stage (`tgx.planning.regions`) makes regions `tgx.backends.region_ir` accepts: a
+domain of rows × columns, inputs read through 2-D views with a row map, values per element
+or per row. `generated_kernel(eqn)` writes its body as Python source — per row, one pass over
+the columns per stage (a reduction's result is read by the passes after it), each op a line
+on scalars cast to its IR dtype — and compiles it with numba: where NumPy makes a pass over
+memory (and tgx an instruction) per op, the loop makes one per stage. `fused[numba]` runs the
+serial loops; `fused[numba-parallel]` (registered here, `parallel_checker`) the same loops
+with row blocks spread over numba's threads, for regions large enough.
 
 The source is written to the kernel cache (`$TGX_KERNEL_CACHE`, default `~/.cache/tgx/kernels`)
-as `fused_<hash>.py`, named by the region's structural hash and signature, and compiled with
-numba's on-disk cache beside it, so a second process neither generates nor compiles again.
-An unwritable cache costs only that: the source is compiled in memory.
+as `fused_<hash of the source>.py` and compiled with numba's on-disk cache beside it, so a
+second process neither generates nor compiles again, and one structure at other sizes shares
+the machine code. An unwritable cache costs only that: the source is compiled in memory.
 
-Supported: float32/float64 values (and bool predicates) of the output's shape or 0-d, over
-the atomic elementwise primitives below (a composite of the body is decomposed first);
-anything else is declined with the reason (`unsupported`).
+Anything the analysis or the op table here does not cover is declined with the reason
+(`unsupported`).
 
 >>> import numpy as np, tgx, tgx.numpy as tnp
 >>> g = tgx.fuse(tgx.make_graph(lambda x: tnp.exp(x) * 2.0 + x)(tgx.Spec((4,))))
@@ -36,10 +39,14 @@ import sys
 import numpy as np
 
 from ..core import Eqn, Graph, Literal
+from ..errors import Unsupported
 from ..graph.hashing import structural_hash
+from ..shapes import eval_dim, hint_value
 from ..transforms.decompose import decompose
 from .numba_kernels import HAVE_NUMBA
-from .registry import Kernel
+from .region_ir import (REDUCTIONS, SOURCE_HASH, Region, analyze, body_of,
+                        check_against_float64, run_shapes)
+from .registry import Kernel, add_kernel
 
 #: atomic primitive -> the scalar expression of its operands (a, b, c)
 OPS = {
@@ -52,83 +59,322 @@ OPS = {
     "gt": "{a} > {b}", "ge": "{a} >= {b}", "select": "{b} if {a} else {c}",
     "and": "{a} and {b}", "or": "{a} or {b}", "not": "not {a}",
     "convert_element_type": "{a}",
-    "broadcast_in_dim": "{a}",   # of a 0-d value only (checked): the scalar itself
+    "broadcast_in_dim": "{a}", "reshape": "{a}",   # views: the operand, read at this point
 }
-_DTYPES = {"float32", "float64", "bool"}
+#: float32 ops by the helpers below instead of libm: numba calls libm's expf / logf one scalar
+#: at a time (a 262k-element exp loop: 3.7 ms), Cephes' polynomials vectorize (0.12 ms;
+#: NumPy's SIMD exp 0.28 ms); error within 1e-7 relative, 0 / inf / NaN as libm's
+OPS_F32 = {"exp": "exp_f32({a})", "log": "log_f32({a})"}
+#: reductions of a scratch row: a float sum into one accumulator stays scalar (LLVM may not
+#: reorder it without fastmath), so the sum is a helper compiled with `reassoc` alone (its
+#: own adds only: the ops of the region still round as NumPy's), and the extrema take eight
+#: independent lanes and a NaN count (NaN propagates, as in NumPy)
+HELPERS = """
+@intrinsic
+def f32_from_bits(typingctx, i):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.FloatType())
+    return types.float32(types.int32), codegen
+
+
+@intrinsic
+def bits_from_f32(typingctx, x):
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.IntType(32))
+    return types.int32(types.float32), codegen
+
+
+@numba.njit(cache=True, error_model='numpy', inline='always')
+def exp_f32(x):
+    # Cephes' expf: 2^k exp(r), k = round(x / ln 2), r = x - k ln 2 (ln 2 in two parts);
+    # 2^k from its bits (two factors: k = 128 stays finite in each)
+    xc = min(max(x, np.float32(-87.33654)), np.float32(88.72284))
+    k = np.floor(xc * np.float32(1.442695) + np.float32(0.5))
+    r = xc - k * np.float32(0.693359375) - k * np.float32(-2.12194440e-4)
+    y = np.float32(1.9875691500e-4) * r + np.float32(1.3981999507e-3)
+    y = y * r + np.float32(8.3334519073e-3)
+    y = y * r + np.float32(4.1665795894e-2)
+    y = y * r + np.float32(1.6666665459e-1)
+    y = y * r + np.float32(5.0000001201e-1)
+    y = y * (r * r) + r + np.float32(1.0)
+    ki = np.int32(k)
+    h = ki >> 1
+    e = y * f32_from_bits((h + np.int32(127)) << 23) * f32_from_bits(
+        (ki - h + np.int32(127)) << 23)
+    e = np.float32(0.0) if x < np.float32(-87.33654) else e
+    e = np.float32(np.inf) if x > np.float32(88.72284) else e
+    return x if x != x else e
+
+
+@numba.njit(cache=True, error_model='numpy', inline='always')
+def log_f32(x):
+    # Cephes' logf: x = m 2^e, m in [sqrt(1/2), sqrt(2)), log(m) by a polynomial; denormals
+    # scaled by 2^23 first; 0, negatives, inf and NaN by selects (no libm call: vectorizes)
+    tiny = x < np.float32(1.1754944e-38)
+    xs = x * np.float32(8388608.0) if tiny else x
+    b = bits_from_f32(xs)
+    e = ((b >> 23) & np.int32(0xff)) - (np.int32(149) if tiny else np.int32(126))
+    m = f32_from_bits((b & np.int32(-2139095041)) | np.int32(0x3f000000))
+    small = m < np.float32(0.70710677)
+    e = e - np.int32(1) if small else e
+    m = m + m - np.float32(1.0) if small else m - np.float32(1.0)
+    z = m * m
+    y = np.float32(7.0376836292e-2) * m + np.float32(-1.1514610310e-1)
+    y = y * m + np.float32(1.1676998740e-1)
+    y = y * m + np.float32(-1.2420140846e-1)
+    y = y * m + np.float32(1.4249322787e-1)
+    y = y * m + np.float32(-1.6668057665e-1)
+    y = y * m + np.float32(2.0000714765e-1)
+    y = y * m + np.float32(-2.4999993993e-1)
+    y = y * m + np.float32(3.3333331174e-1)
+    y = y * m * z
+    fe = np.float32(e)
+    y = y + fe * np.float32(-2.12194440e-4)
+    y = y - np.float32(0.5) * z
+    r = m + y + fe * np.float32(0.693359375)
+    r = np.float32(-np.inf) if x == np.float32(0.0) else r
+    r = np.float32(np.nan) if x < np.float32(0.0) else r
+    r = x if x == np.float32(np.inf) else r
+    return x if x != x else r
+
+
+@numba.njit(cache=True, error_model='numpy', fastmath={'reassoc'})
+def reduce_sum(w, n, s):
+    for c in range(n):
+        s += w[c]
+    return s
+
+
+@numba.njit(cache=True, error_model='numpy')
+def reduce_max(w, n, s):
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = s
+    for c0 in range(0, n - n % 8, 8):
+        a0 = max(a0, w[c0]); a1 = max(a1, w[c0 + 1]); a2 = max(a2, w[c0 + 2])
+        a3 = max(a3, w[c0 + 3]); a4 = max(a4, w[c0 + 4]); a5 = max(a5, w[c0 + 5])
+        a6 = max(a6, w[c0 + 6]); a7 = max(a7, w[c0 + 7])
+    for c in range(n - n % 8, n):
+        a0 = max(a0, w[c])
+    nans = 0
+    for c in range(n):
+        nans += w[c] != w[c]
+    s = max(max(max(a0, a1), max(a2, a3)), max(max(a4, a5), max(a6, a7)))
+    return s if nans == 0 else s * np.nan
+
+
+@numba.njit(cache=True, error_model='numpy')
+def reduce_min(w, n, s):
+    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = s
+    for c0 in range(0, n - n % 8, 8):
+        a0 = min(a0, w[c0]); a1 = min(a1, w[c0 + 1]); a2 = min(a2, w[c0 + 2])
+        a3 = min(a3, w[c0 + 3]); a4 = min(a4, w[c0 + 4]); a5 = min(a5, w[c0 + 5])
+        a6 = min(a6, w[c0 + 6]); a7 = min(a7, w[c0 + 7])
+    for c in range(n - n % 8, n):
+        a0 = min(a0, w[c])
+    nans = 0
+    for c in range(n):
+        nans += w[c] != w[c]
+    s = min(min(min(a0, a1), min(a2, a3)), min(min(a4, a5), min(a6, a7)))
+    return s if nans == 0 else s * np.nan
+"""
 
 
 def _body(eqn: Eqn) -> Graph:
-    return decompose(eqn.params["graph"])
+    return body_of(eqn)
+
+
+def region(eqn: Eqn) -> Region | str:
+    """The shared analysis (`tgx.backends.region_ir`) of a `fused` equation's body."""
+    return analyze(_body(eqn))
 
 
 def unsupported(eqn: Eqn) -> str | None:
     """Why a `fused` equation's body cannot be generated (None: it can)."""
-    body = _body(eqn)
-    shape = body.outvars[0].aval.shape if body.outvars else ()
-    if not shape or any(isinstance(v, Literal) for v in body.outvars):
-        return "a 0-d region, or one returning a constant"
-    for e in body.eqns:
-        if e.primitive.name not in OPS:
-            return f"no code for {e.primitive.name}"
-        if e.primitive.name == "broadcast_in_dim" and e.invars[0].aval.ndim:
-            return "a broadcast of a non-scalar"
-    for v in (*body.invars, *body.outvars, *(o for e in body.eqns for o in e.outvars)):
-        if isinstance(v, Literal):
-            continue
-        a = v.aval
-        if a.dtype.name not in _DTYPES:
-            return f"dtype {a.dtype.name} (float32, float64 and bool only)"
-        if a.shape != shape and (a.ndim or v in body.outvars):
-            return f"value of shape {a.str_short()} in a region of shape {shape} (no broadcasts)"
-    if body.constvars:
-        return "constants in the body"
-    return None
+    r = region(eqn)
+    return r if isinstance(r, str) else None
 
 
 def source(eqn: Eqn, fn_name: str) -> str:
-    """The Python source of the loop (`fn_name(*inputs, *outputs)`, writing the outputs)."""
-    body = _body(eqn)
-    names: dict[int, str] = {}
-    ins = [f"i{k}" for k in range(len(body.invars))]
-    outs = [f"o{k}" for k in range(len(body.outvars))]
-    head, loop, consts = [], [], []
-    for k, v in enumerate(body.invars):
-        if v.aval.ndim:
-            head.append(f"    f{k} = i{k}.reshape(-1)")
-            names[v.id] = f"f{k}[i]"
-        else:
-            head.append(f"    s{k} = i{k}[()]")
-            names[v.id] = f"s{k}"
-    for k in range(len(outs)):
-        head.append(f"    r{k} = o{k}.reshape(-1)")
+    """The Python source of the loops: `fn_name(R, N, RB, *inputs, *outputs)`, serial, and
+    `fn_name_parallel` (the same, row blocks of RB rows spread over numba's threads)."""
+    r = region(eqn)
+    if isinstance(r, str):
+        raise Unsupported(f"no loop for this region: {r}")
+    return _Emitter(r).source(fn_name)
 
-    def atom(x) -> str:
+
+class _Emitter:
+    """Writes the loops of one `Region`: per block of rows, per row, one pass over the
+    columns per stage (a reduction's result is read by the passes after the one that
+    accumulates it); per-element values needed by several passes are kept in a scratch row,
+    the others recomputed."""
+
+    def __init__(self, region: Region):
+        self.r = region
+        self.consts: list[str] = []
+        self.producer = {e.outvars[0].id: e for e in region.body.eqns}
+        self.inputs = {v.id: inp for v, inp in zip(region.body.invars, region.inputs)}
+        # names by position (var ids differ between traces; the source must not)
+        self.names = {v.id: f"x{k}" for k, v in enumerate(region.body.invars)}
+        self.names.update({e.outvars[0].id: f"t{j}" for j, e in enumerate(region.body.eqns)})
+        self.need = self._needs()
+
+    # -- which per-element values each pass computes ------------------------------------
+    def _targets(self, k: int) -> list:
+        r = self.r
+        out = [e.invars[0] for e in r.reductions if r.values[e.invars[0].id].stage == k]
+        out += [v for v, kind in zip(r.body.outvars, r.outputs)
+                if kind == "elem" and r.values[v.id].stage == k]
+        return out
+
+    def _needs(self) -> dict:
+        """var id -> the passes that read it (inputs: load it; results: compute it, or read
+        it back from its scratch row). A result several passes read is computed in the first
+        and kept (`self.kept`), unless it is a view (no code)."""
+        r = self.r
+
+        def walk(kept: set, first: dict) -> dict:
+            need: dict[int, set] = {}
+
+            def mark(x, k):
+                if isinstance(x, Literal) or not r.values[x.id].elem:
+                    return          # a constant, or a per-row value (computed before)
+                ks = need.setdefault(x.id, set())
+                if k in ks:
+                    return
+                ks.add(k)
+                if x.id in self.inputs or (x.id in kept and k != first[x.id]):
+                    return
+                for y in self.producer[x.id].invars:
+                    mark(y, k)
+
+            for k in range(r.n_stages):
+                for t in self._targets(k):
+                    mark(t, k)
+            return need
+
+        need = walk(set(), {})
+        self.first = {i: min(ks) for i, ks in need.items()}
+        self.kept = {i for i, ks in need.items() if len(ks) > 1 and i in self.producer
+                     and self.producer[i].primitive.name not in ("broadcast_in_dim", "reshape")}
+        need = walk(self.kept, self.first)
+        # kept values only another kept value read in later passes are needed once now
+        self.kept = {i for i in self.kept if len(need[i]) > 1}
+        return need
+
+    # -- text ------------------------------------------------------------------------------
+    def atom(self, x) -> str:
         if isinstance(x, Literal):
             if x.aval.dtype.name == "bool":
                 return repr(bool(x.val))
             # a module constant (numba freezes globals), written with float.fromhex: exact,
             # and inf / nan spelled as Python reads them
-            consts.append(f"C{len(consts)} = np.{x.aval.dtype.name}"
-                          f"(float.fromhex({float(x.val).hex()!r}))")
-            return f"C{len(consts) - 1}"
-        return names[x.id]
+            line = f"np.{x.aval.dtype.name}(float.fromhex({float(x.val).hex()!r}))"
+            if line not in self.consts:
+                self.consts.append(line)
+            return f"C{self.consts.index(line)}"
+        return self.names[x.id]
 
-    for j, e in enumerate(body.eqns):
-        args = dict(zip("abc", (atom(x) for x in e.invars)))
-        expr = OPS[e.primitive.name].format(**args)
+    def _expr(self, e: Eqn) -> str:
+        args = dict(zip("abc", (self.atom(x) for x in e.invars)))
         dt = e.outvars[0].aval.dtype.name
-        loop.append(f"        t{j} = np.{dt}({expr})" if dt != "bool" else
-                    f"        t{j} = bool({expr})")
-        names[e.outvars[0].id] = f"t{j}"
-    for k, v in enumerate(body.outvars):
-        loop.append(f"        r{k}[i] = {atom(v)}")
-    return "\n".join([
-        "import math", "", "import numba", "import numpy as np", "", *consts, "",
-        # no fastmath: each op rounds as NumPy's does ((a + 1e8) - 1e8 stays 0 in float32);
-        # an elementwise loop vectorizes without it
-        "@numba.njit(cache=True, error_model='numpy')",
-        f"def {fn_name}({', '.join(ins + outs)}):", *head,
-        "    for i in range(r0.size):", *loop, ""])
+        op = OPS_F32.get(e.primitive.name, OPS[e.primitive.name]) if dt == "float32" else \
+            OPS[e.primitive.name]
+        expr = op.format(**args)
+        return f"np.{dt}({expr})" if dt != "bool" else f"bool({expr})"
+
+    def _pass_body(self, k: int, ind: str) -> list[str]:
+        """One column of pass k: loads, ops, scratch writes, accumulations, output writes."""
+        r, lines = self.r, []
+        for v, inp in zip(r.body.invars, r.inputs):
+            if inp.kind == "elem" and k in self.need.get(v.id, ()):
+                q = f"q{inp.index}" if inp.lead else "0"
+                lines.append(f"{ind}{self.names[v.id]} = a{inp.index}[{q}, c]")
+        for e in r.body.eqns:
+            o = e.outvars[0]
+            if e.primitive.name in REDUCTIONS or k not in self.need.get(o.id, ()):
+                continue
+            if o.id in self.kept and k != self.first[o.id]:
+                lines.append(f"{ind}{self.names[o.id]} = w{self.names[o.id]}[c]")
+                continue
+            lines.append(f"{ind}{self.names[o.id]} = {self._expr(e)}")
+            if o.id in self.kept:
+                lines.append(f"{ind}w{self.names[o.id]}[c] = {self.names[o.id]}")
+        for j, e in enumerate(r.reductions):
+            x = e.invars[0]
+            if r.values[x.id].stage == k:
+                lines.append(f"{ind}red{j}[c] = {self.atom(x)}")
+        for n, (v, kind) in enumerate(zip(r.body.outvars, r.outputs)):
+            if kind == "elem" and r.values[v.id].stage == k:
+                lines.append(f"{ind}o{n}[r, c] = {self.atom(v)}")
+        return lines
+
+    def _row_steps(self, lo: int, hi: int, ind: str) -> list[str]:
+        """The per-row values of stages lo..hi-1 (reduction results and what follows)."""
+        r, lines = self.r, []
+        for e in r.body.eqns:
+            o = e.outvars[0]
+            v = r.values[o.id]
+            if v.elem or not lo <= v.stage < hi:
+                continue
+            if e.primitive.name in REDUCTIONS:
+                j = r.reductions.index(e)
+                start = self.atom(Literal(REDUCTIONS[e.primitive.name], o.aval))
+                lines.append(f"{ind}{self.names[o.id]} = {e.primitive.name}(red{j}, N, {start})")
+            else:
+                lines.append(f"{ind}{self.names[o.id]} = {self._expr(e)}")
+        return lines
+
+    def function(self, fn_name: str, parallel: bool) -> list[str]:
+        r = self.r
+        args = ["R", "N", "RB"]
+        head, rowhead = [], []
+        for v, inp in zip(r.body.invars, r.inputs):
+            i = inp.index
+            args.append(f"a{i}")
+            if inp.kind == "scalar":
+                head.append(f"    {self.names[v.id]} = a{i}[()]")
+                continue
+            if inp.lead:
+                args += [f"d{i}", f"m{i}"]
+                rowhead.append(f"            q{i} = (r // d{i}) % m{i}")
+            if inp.kind == "row":
+                q = f"q{i}" if inp.lead else "0"
+                rowhead.append(f"            {self.names[v.id]} = a{i}[{q}, 0]")
+        args += [f"o{n}" for n in range(len(r.outputs))]
+        block = []
+        for j, e in enumerate(r.reductions):
+            block.append(f"        red{j} = np.empty(N, np.{e.outvars[0].aval.dtype.name})")
+        for i in sorted(self.kept, key=self.names.get):
+            block.append(f"        w{self.names[i]} = np.empty(N, np.{r.values[i].dtype})")
+        body = list(rowhead)
+        ind = "            "
+        for k in range(r.n_stages):
+            body += self._row_steps(k, k + 1, ind)
+            lines = self._pass_body(k, ind + "    ")
+            if lines:
+                body += [f"{ind}for c in range(N):", *lines]
+        body += self._row_steps(r.n_stages, 1 << 30, ind)
+        for n, (v, kind) in enumerate(zip(r.body.outvars, r.outputs)):
+            if kind == "row":
+                body.append(f"{ind}o{n}[r] = {self.atom(v)}")
+        loop = "numba.prange" if parallel else "range"
+        deco = ("@numba.njit(cache=True, error_model='numpy'"
+                + (", parallel=True)" if parallel else ")"))
+        return [deco, f"def {fn_name}({', '.join(args)}):", *head,
+                f"    for b in {loop}((R + RB - 1) // RB):", *block,
+                "        for r in range(b * RB, min(R, b * RB + RB)):", *body, ""]
+
+    def source(self, fn_name: str) -> str:
+        serial = self.function(fn_name, False)
+        parallel = self.function(fn_name + "_parallel", True)
+        return "\n".join([
+            "import math", "", "import numba", "import numpy as np",
+            "from llvmlite import ir", "from numba.core import types",
+            "from numba.extending import intrinsic", "",
+            *(f"C{j} = {c}" for j, c in enumerate(self.consts)), "",
+            # no fastmath: each op rounds as NumPy's does ((a + 1e8) - 1e8 stays 0 in
+            # float32); elementwise loops vectorize without it, reductions through lanes
+            HELPERS, "", *serial, "", *parallel])
 
 
 def _cache_dir() -> pathlib.Path:
@@ -136,14 +382,14 @@ def _cache_dir() -> pathlib.Path:
                         or pathlib.Path.home() / ".cache" / "tgx" / "kernels")
 
 
-def _in_memory(src: str, fn_name: str):
+def _in_memory(src: str, fn_name: str) -> dict:
     ns: dict = {}
     exec(compile(src.replace("cache=True", "cache=False"), fn_name, "exec"), ns)
-    return ns[fn_name]
+    return ns
 
 
-def _compile(src: str, fn_name: str):
-    """The compiled loop: imported from the kernel cache (numba caches the machine code
+def _compile(src: str, fn_name: str) -> dict:
+    """The module of the loops: imported from the kernel cache (numba caches the machine code
     beside it), or, if the cache cannot be written, compiled from memory."""
     try:
         d = _cache_dir()
@@ -159,54 +405,149 @@ def _compile(src: str, fn_name: str):
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod       # numba's cache looks the function's module up
         spec.loader.exec_module(mod)
-        return getattr(mod, fn_name)
+        return vars(mod)
     except Exception:  # noqa: BLE001 - a cache that cannot be used is only not used
         return _in_memory(src, fn_name)
 
 
-_KERNELS: dict = {}   # (body hash, input signature) -> Kernel
+_KERNELS: dict = {}   # (body hash, input signature) -> (Kernel serial, runner parallel)
+
+
+def _key(graph: Graph) -> tuple:
+    return (structural_hash(graph), tuple((str(v.aval.dtype), v.aval.ndim) for v in graph.invars))
+
+
+def _generate(graph: Graph):
+    """(serial Kernel, parallel runner) of a region body, generated once per structure."""
+    key = _key(graph)
+    hit = _KERNELS.get(key)
+    if hit is None:
+        r = analyze(decompose(graph))
+        # named by the source: regions of one structure at other sizes share the machine code
+        fn_name = "fused_" + hashlib.sha256(_Emitter(r).source("fn").encode()).hexdigest()[:16]
+        src = _Emitter(r).source(fn_name)
+        lib = _Library(src, fn_name)
+        k = Kernel("fused", "numpy", _runner(r, lib, fn_name, False), variant="numba",
+                   pattern=graph, source_hash=hashlib.sha256(src.encode()).hexdigest())
+        hit = _KERNELS[key] = (k, _runner(r, lib, fn_name + "_parallel", True))
+    return hit
 
 
 def generated_kernel(eqn: Eqn) -> Kernel | None:
     """The NumPy-backend kernel generated for `fused` equation `eqn` (cached), or None when
-    numba is missing or the body is `unsupported`."""
+    numba is missing or the body is `unsupported`. It runs the serial loops; the parallel
+    ones are the kernel `fused[numba-parallel]` (`parallel_checker`)."""
     if not HAVE_NUMBA or unsupported(eqn) is not None:
         return None
-    sig = tuple((str(v.aval.dtype), v.aval.ndim) for v in eqn.params["graph"].invars)
-    key = (structural_hash(eqn.params["graph"]), sig)
-    k = _KERNELS.get(key)
-    if k is None:
-        fn_name = "fused_" + hashlib.sha256(repr(key).encode()).hexdigest()[:16]
-        src = source(eqn, fn_name)
-        k = _KERNELS[key] = Kernel("fused", "numpy", _runner(src, fn_name, eqn),
-                                   variant="numba", pattern=eqn.params["graph"],
-                                   source_hash=hashlib.sha256(src.encode()).hexdigest())
-    return k
+    return _generate(eqn.params["graph"])[0]
 
 
-def _runner(src: str, fn_name: str, eqn: Eqn):
-    """`fn(*inputs)`: contiguous inputs, fresh outputs of the region's dtypes, the loop
-    compiled on the first call."""
-    out_dtypes = [v.aval.dtype for v in eqn.params["graph"].outvars]
-    loop = None
+class _Library:
+    """The compiled module of one source, loaded on first use; a broken on-disk cache entry
+    is compiled afresh in memory."""
+
+    def __init__(self, src: str, fn_name: str):
+        self.src, self.fn_name, self.ns, self.fresh = src, fn_name, None, False
+
+    def get(self, name: str):
+        if self.ns is None:
+            self.ns = _compile(self.src, self.fn_name)
+        return self.ns[name]
+
+    def recompile(self) -> bool:
+        if self.fresh:
+            return False
+        self.ns, self.fresh = _in_memory(self.src, self.fn_name), True
+        return True
+
+
+def _runner(r: Region, lib: _Library, fn_name: str, parallel: bool):
+    """`fn(*inputs)`: the inputs as the loops read them (contiguous 2-D views), fresh outputs
+    of the region's dtypes, the loops compiled on the first call."""
+    out_dtypes = [v.aval.dtype for v in r.body.outvars]
+    geometry: dict = {}
 
     def run(*xs, **_):
-        nonlocal loop
-        if loop is None:
-            loop = _compile(src, fn_name)
-        # (ascontiguousarray makes a 0-d array 1-d: the loop reads a 0-d input as a scalar)
         xs = [np.ascontiguousarray(x) if np.ndim(x) else np.asarray(x) for x in xs]
-        shape = next((np.shape(x) for x in xs if np.ndim(x)), ())
-        outs = [np.empty(shape, dt) for dt in out_dtypes]
+        shapes = tuple(x.shape for x in xs)
+        geo = geometry.get(shapes)
+        if geo is None:
+            geo = geometry[shapes] = run_shapes(r, shapes)
+        rows, cols, views, out_shapes = geo
+        args: list = [rows, cols, _row_block(rows) if parallel else max(rows, 1)]
+        for x, inp, view in zip(xs, r.inputs, views):
+            if view is None:
+                args.append(x.reshape(()))
+                continue
+            args.append(x.reshape(view[0]))
+            if inp.lead:
+                args += view[1:]
+        outs = [np.empty(s, dt) for s, dt in zip(out_shapes, out_dtypes)]
+        args += [o.reshape(rows, cols) if kind == "elem" else o.reshape(rows)
+                 for o, kind in zip(outs, r.outputs)]
         try:
-            loop(*xs, *outs)
+            lib.get(fn_name)(*args)
         except Exception:  # noqa: BLE001 - a broken on-disk cache entry: compile afresh
-            if getattr(loop, "_tgx_fresh", False):
+            if not lib.recompile():
                 raise
-            loop = _in_memory(src, fn_name)
-            loop._tgx_fresh = True
-            loop(*xs, *outs)
+            lib.get(fn_name)(*args)
         return outs[0] if len(outs) == 1 else outs
 
     run.__name__ = run.__qualname__ = fn_name
     return run
+
+
+def _row_block(rows: int) -> int:
+    """Rows per parallel task: about four tasks per thread."""
+    import numba
+
+    return max(1, -(-rows // (4 * numba.get_num_threads())))
+
+
+# -- the parallel loops: a kernel of their own (they need numba's threads, so BLAS runs on one
+# thread in a plan that takes them), offered where the region is large enough to pay for them
+
+#: elements (at the planning hint) from which the parallel loops are offered
+PARALLEL_MIN = 1 << 15
+_VERIFIED: dict = {}   # region key -> None or why the parallel loops are declined
+
+
+def parallel_checker(avals, params) -> str | None:
+    """Accepts a `tgx.fuse` region the loops support with at least 2 rows and
+    `PARALLEL_MIN` elements (symbolic dims at the planning hint), once its parallel loops
+    agree with the float64 reference there."""
+    graph = params.get("graph")
+    if graph is None or params.get("name", "fused") != "fused":
+        return "not a region of tgx.fuse"
+    r = analyze(decompose(graph))
+    if isinstance(r, str):
+        return r
+    env = {s: hint_value(s) for a in avals for d in a.shape if type(d) is not int
+           for s in d.free_symbols}
+    dom = [eval_dim(d, env) for d in r.domain]
+    rows, n = int(np.prod(dom[:-1], dtype=np.int64)), int(np.prod(dom, dtype=np.int64))
+    if rows < 2 or n < PARALLEL_MIN:
+        return f"{n} elements in {rows} rows: the serial loops ({PARALLEL_MIN} elements " \
+               f"and 2 rows at least)"
+    key = _key(graph)
+    if key not in _VERIFIED:
+        run = _generate(graph)[1]
+        concrete = [a.update(shape=tuple(eval_dim(d, env) for d in a.shape)) for a in avals]
+        _VERIFIED[key] = check_against_float64(run, graph, concrete)
+    return _VERIFIED[key]
+
+
+def _specialize(params, out):
+    return _generate(params["graph"])[1]
+
+
+def _parallel_fn(*xs, graph, **_):
+    return _generate(graph)[1](*xs)
+
+
+if HAVE_NUMBA:
+    add_kernel(Kernel(
+        "fused", "numpy", _parallel_fn, parallel_checker, "numba-parallel",
+        specialize=_specialize, own_pool=True,
+        source_hash=hashlib.sha256(pathlib.Path(__file__).read_bytes()
+                                   + SOURCE_HASH.encode()).hexdigest()))

@@ -6,9 +6,20 @@ elementwise producers of its operands, and a reduction joins the region producin
 as a trailing member (nothing in the region may consume a reduction's result). A merge that
 would create a cycle between regions (a path leaving the region and coming back) is refused.
 Regions of a single equation stay as they are.
+
+With `rows=True` (the compile pipeline's fuse stage) regions are *row regions*: a reduction
+over the last axis may be read by later members (RMSNorm's sum of squares, softmax's
+maximum and sum are then one region with the ops around them), and a reshape adding or
+removing a trailing unit dim (a reduction's `keepdims`) is a member too, so is a
+`broadcast_in_dim` (a literal widened by a decomposition), and so are `mean`,
+`var`, `std` and `logsumexp` over the last axis (kept whole in the body). `accept(eqns)`
+may refuse a merge: a region then grows only as far as its predicate allows (the fuse stage
+passes what its code generators support).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable, Sequence
 
 from ..core import Eqn, Graph, Literal, Var
 from ..graph.canonical import priority_toposort
@@ -18,10 +29,27 @@ from ..tracing import GraphBuilder
 from .rewrite import rebind
 
 REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax"})
+#: composite reductions that row regions take whole when over the last axis (a hand-written
+#: RMSNorm's `mean(x * x)`, a layer norm's `var`): the body keeps them, a generator
+#: decomposes it
+ROW_COMPOSITES = frozenset({"mean", "var", "std", "logsumexp"})
 
 
-def _fusible(e: Eqn) -> bool:
+def _fusible(e: Eqn, rows: bool = False) -> bool:
+    if rows and e.primitive.name == "reshape":  # keepdims: a trailing unit dim in or out
+        s, t = tuple(e.invars[0].aval.shape), tuple(e.outvars[0].aval.shape)
+        return t == s + (1,) or s == t + (1,)
+    if rows and e.primitive.name == "broadcast_in_dim":   # a constant or operand, widened
+        return True
     return e.primitive.elementwise and not e.primitive.multiple_results
+
+
+def _row_reduction(e: Eqn) -> bool:
+    """A reduction over the last axis only (its result may stay in a row region)."""
+    name = e.primitive.name
+    return ((name in REDUCTIONS and name not in ("argmax", "reduce_prod"))
+            or name in ROW_COMPOSITES) and tuple(e.params.get("axes", ())) == (
+                e.invars[0].aval.ndim - 1,)
 
 
 class _Regions:
@@ -51,7 +79,8 @@ class _Regions:
         return a
 
 
-def _regions(graph: Graph) -> _Regions:
+def _regions(graph: Graph, rows: bool = False,
+             accept: Callable[[Sequence[Eqn]], bool] | None = None) -> _Regions:
     eqns = graph.eqns
     producer: dict[int, int] = {}
     for i, e in enumerate(eqns):
@@ -77,23 +106,33 @@ def _regions(graph: Graph) -> _Regions:
                 stack.append(p)
         return False
 
+    def closes(e: Eqn) -> bool:
+        """A reduction whose result leaves its region (every one, except row reductions in
+        row regions)."""
+        return e.primitive.name in REDUCTIONS and not (rows and _row_reduction(e))
+
+    def reduction(e: Eqn) -> bool:
+        return e.primitive.name in REDUCTIONS or (rows and _row_reduction(e))
+
     for i, e in enumerate(eqns):
-        is_red = e.primitive.name in REDUCTIONS
-        if not (_fusible(e) or is_red):
+        is_red = reduction(e)
+        if not (_fusible(e, rows) or is_red):
             continue
         for p in preds[i]:
-            if not _fusible(eqns[p]) and eqns[p].primitive.name not in REDUCTIONS:
+            if not _fusible(eqns[p], rows) and not reduction(eqns[p]):
                 continue
             rp, ri = R.find(p), R.find(i)
-            if rp == ri or rp in R.closed or (is_red and ri in R.closed):
+            if rp == ri or rp in R.closed or (is_red and closes(e) and ri in R.closed):
                 continue
-            if eqns[p].primitive.name in REDUCTIONS:
+            if closes(eqns[p]):
                 continue  # a reduction's result leaves its region
             targets = set(R.members[rp]) | set(R.members[ri])
             if cycle_through_outside(targets):
                 continue
+            if accept is not None and not accept([eqns[m] for m in sorted(targets)]):
+                continue
             r = R.union(rp, ri)
-            if is_red:
+            if is_red and closes(e):
                 R.closed.add(r)
     return R
 
@@ -123,16 +162,20 @@ def _body(graph: Graph, members: list[int], used_outside: set[int]) -> tuple[Gra
     return body, inputs, outputs
 
 
-def fuse(graph: Graph, *, min_size: int = 2) -> Graph:
+def fuse(graph: Graph, *, min_size: int = 2, rows: bool = False,
+         accept: Callable[[Sequence[Eqn]], bool] | None = None) -> Graph:
     """A new graph where maximal elementwise regions (plus trailing reductions) are `fused`
-    equations.
+    equations; with `rows=True`, row regions (module doc), grown as far as `accept` allows.
 
     >>> import tgx, tgx.numpy as tnp
     >>> g = tgx.make_graph(lambda x: tnp.sum(tnp.exp(x) * 2.0 + x))(tgx.Spec(("N",)))
     >>> [e.primitive.name for e in tgx.fuse(g).eqns]
     ['fused']
+    >>> sm = tgx.make_graph(lambda s: tgx.nn.softmax(s, axis=-1))(tgx.Spec((4, 8)))
+    >>> [e.primitive.name for e in tgx.fuse(tgx.decompose(sm), rows=True).eqns]
+    ['fused']
     """
-    R = _regions(graph)
+    R = _regions(graph, rows, accept)
     eqns = graph.eqns
     roots = {R.find(i) for i in range(len(eqns))}
     regions = {r: sorted(R.members[r]) for r in roots if len(R.members[r]) >= min_size}
