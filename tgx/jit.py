@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import builtins
 import functools
 import inspect
 import warnings
@@ -37,6 +38,8 @@ from .shapes import (
     shapes_provably_equal,
 )
 from .tracing import (
+    _REGISTRY,
+    _auto_rule,
     arg_aval,
     leaf_names,
     leaf_paths,
@@ -55,14 +58,16 @@ class Compiled:
                  store=None, tolerance=None, memory_budget=None, return_backend_arrays=False,
                  weights=None, state=None, device="cpu", explore_budget=None,
                  patterns=True, fuse=True, static_argnums=(), static_argnames=(),
-                 constraints=None):
+                 constraints=None, donate=True):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self._kw = dict(policy=policy, backends=backends, dynamic=dynamic, store=store,
                         tolerance=tolerance, memory_budget=memory_budget,
                         return_backend_arrays=return_backend_arrays, weights=weights,
                         state=state, device=device, explore_budget=explore_budget,
-                        patterns=patterns, fuse=fuse, constraints=constraints)
+                        patterns=patterns, fuse=fuse, constraints=constraints, donate=donate)
+        #: whether jax arrays passed as `state=` are donated to XLA (see `compile`)
+        self.donate = bool(donate)
         #: how every plan of this function is made (a new signature reuses them)
         self.options = PlanOptions.make(
             policy=policy, backends=backends, device=device, store=store, tolerance=tolerance,
@@ -81,6 +86,9 @@ class Compiled:
         self.trace_count = 0
         self._plans: dict[Any, Plan] = {}
         self._fast: dict[Any, Plan] = {}  # concrete (tree, shapes, dtypes) -> plan
+        #: the signatures of the last calls, most recent first, each with the function that
+        #: checks and flattens the arguments of such a call in one pass (`_FastCall`)
+        self._guards: list[_FastCall] = []
         self._weight_leaves: dict[Any, tuple] = {}  # tree -> indices of the weight leaves
         # tree -> per state argument: (name, its leaf indices, its tree structure)
         self._state_leaves: dict[Any, tuple] = {}
@@ -252,8 +260,12 @@ class Compiled:
             # Called inside a traced function (compile, make_graph, grad, vmap): inline it,
             # as jax.jit does, so compiled functions compose.
             return self.fn(*args, **kwargs)
+        for fast in self._guards:  # the fast path: a signature seen before
+            leaves = fast.flatten(args, kwargs)
+            if leaves is not None:
+                return fast(leaves)
         leaves, tree = tree_flatten((args, kwargs))
-        try:  # fast path: the concrete signature seen before
+        try:  # a concrete signature seen before, that no guard serves
             key = (tree, tuple((x.shape, x.dtype) for x in leaves))
             plan = self._fast.get(key)
         except AttributeError:  # Python scalars among the leaves
@@ -263,13 +275,209 @@ class Compiled:
             plan = self._plans.get((tree, avals)) or self._plan(tree, avals, names, leaves)
             if key is not None:
                 self._fast[key] = plan
-        out = plan.run_flat(leaves)
+        else:
+            avals = plan.compiled.in_avals
+        fast = _FastCall.make(self, plan, tree, leaves, avals)
+        if fast is not None:
+            self._guards.insert(0, fast)
+            del self._guards[_GUARDS:]
+            return fast(leaves)
+        out = tree_unflatten(plan.graph.out_tree,
+                             plan.compiled.run_flat(leaves, donate=self.donate))
         if self.return_backend_arrays:
             return out
         return _like_inputs(leaves, out, getattr(self.fn, "__name__", "the function"))
 
     def __repr__(self) -> str:
         return f"<tgx.compile {getattr(self.fn, '__name__', self.fn)!r}: {len(self._plans)} plans>"
+
+
+#: signatures served by the fast path at once, per compiled function
+_GUARDS = 4
+
+
+class _FastCall:
+    """The fast path for calls of one signature (pytree structure, leaf types, dtypes and the
+    static dims): `flatten(args, kwargs)` is a function generated for that signature that
+    checks each container and leaf and returns the leaves, or None for any difference (the
+    call then takes the slow path, which traces or finds the plan as before); calling the
+    object runs the plan on the leaves and builds the results with an unflatten function
+    generated for the output structure. No key is built or hashed, no key path is made (the
+    slow path names them when an error needs them), and what the results need (whose array
+    type they come back in) is decided once here.
+
+    Measured on the MLP 2-64-2 training step (15 leaves): flatten, key and lookup took
+    ~10 us before; the guard ~2 us."""
+
+    __slots__ = ("flatten", "compiled", "unflatten", "donate", "out_backend", "convert",
+                 "leaf_types", "fname", "backend_arrays", "warn")
+
+    @classmethod
+    def make(cls, owner: Compiled, plan: Plan, tree, leaves: list, avals) -> _FastCall | None:
+        if len(avals) != len(leaves) or plan.graph.out_tree is None:
+            return None
+        flatten = _guard_function(tree, leaves, avals)
+        if flatten is None:
+            return None
+        self = cls()
+        self.flatten = flatten
+        self.compiled = plan.compiled
+        self.unflatten = _unflatten_function(plan.graph.out_tree)
+        self.donate = owner.donate
+        self.fname = getattr(owner.fn, "__name__", "the function")
+        self.backend_arrays = owner.return_backend_arrays
+        types = set(map(type, leaves))
+        owners = {backend_of(x) for x in leaves if type(x) not in _HOST_TYPES}
+        owners.discard(None)
+        self.out_backend = self.convert = None
+        self.warn = False
+        if not self.backend_arrays and not types <= _HOST_TYPES and len(owners) == 1:
+            (b,) = owners
+            first = next(x for x in leaves if backend_of(x) is b)
+            device = str(getattr(first, "device", "cpu"))
+            device = "cpu" if device.startswith(("cpu", "TFRT_CPU", "CpuDevice")) else device
+            self.convert = (b, device)
+            # results of b's kernels stay b's arrays (not copied to NumPy and back)
+            self.out_backend = b.name if device == "cpu" else None
+            self.warn = any(hasattr(x, "requires_grad") for x in leaves)
+        return self
+
+    def __call__(self, leaves: list):
+        outs = self.compiled.run_flat(leaves, donate=self.donate, out_backend=self.out_backend,
+                                      checked=True)
+        if self.convert is not None:
+            b, device = self.convert
+            if self.warn and any(getattr(x, "requires_grad", False) for x in leaves):
+                _warn_grad(self.fname)
+            inputs = None
+            for j, o in enumerate(outs):
+                if type(o) is np.ndarray:
+                    if inputs is None:
+                        inputs = {id(x) for x in leaves}
+                    if id(o) not in inputs:
+                        outs[j] = b.convert(o, device)
+        return self.unflatten(outs)
+
+
+def _guard_function(tree, leaves: list, avals) -> Callable | None:
+    """`flatten(args, kwargs)` for calls of the signature of `leaves` (flattened from
+    `((args), {kwargs})` into `tree`; `avals` their traced avals, symbolic dims free): the
+    leaves of such a call, else None. Generated as straight-line code (None when a leaf is
+    of a kind it does not check)."""
+    ns: dict[str, Any] = {"ndarray": np.ndarray}
+    lines = ["def flatten(args, kwargs):", "  try:"]
+    out: list[str] = []
+    counter = [0]
+
+    def const(v) -> str:
+        name = f"K{len(ns)}"
+        ns[name] = v
+        return name
+
+    def new(expr: str) -> str:
+        counter[0] += 1
+        name = f"n{counter[0]}"
+        lines.append(f"    {name} = {expr}")
+        return name
+
+    def fail_unless(cond: str) -> None:
+        lines.append(f"    if not ({cond}): return None")
+
+    def leaf(expr: str, x, aval) -> bool:
+        name = new(expr)
+        t = type(x)
+        if t in (bool, int, float):  # its aval follows from its type alone
+            fail_unless(f"type({name}) is {const(t)}")
+        else:
+            shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+            if shape is None or dtype is None:
+                return False
+            dims = [f"{name}.shape[{ax}] == {int(d)}" for ax, d in enumerate(aval.shape)
+                    if type(d) is int]
+            if len(dims) == len(aval.shape):
+                shape_ok = f"{name}.shape == {const(tuple(int(n) for n in shape))}"
+            else:  # symbolic dims: the run checks them against the binding
+                shape_ok = " and ".join([f"len({name}.shape) == {len(aval.shape)}"] + dims)
+            d = const(dtype)
+            fail_unless(f"type({name}) is {const(t)} and ({name}.dtype is {d} or "
+                        f"{name}.dtype == {d}) and {shape_ok}")
+        out.append(name)
+        return True
+
+    it = iter(zip(leaves, avals))
+
+    def node(td, expr: str) -> bool:
+        if td.node_type is None:
+            x, aval = next(it)
+            return leaf(expr, x, aval)
+        t, unflatten = td.node_type
+        n = len(td.children)
+        name = new(expr)
+        if t is dict:
+            fail_unless(f"type({name}) is dict and len({name}) == {n}")
+            return all(node(c, f"{name}[{const(k)}]") for k, c in zip(td.aux, td.children))
+        if t is tuple or t is list:
+            fail_unless(f"type({name}) is {t.__name__} and len({name}) == {n}")
+            return all(node(c, f"{name}[{i}]") for i, c in enumerate(td.children))
+        if t is type(None):
+            fail_unless(f"{name} is None")
+            return True
+        rule = _registered_flatten(t)
+        if rule is None:
+            return False
+        fail_unless(f"type({name}) is {const(t)}")
+        parts = new(f"{const(rule)}({name})")
+        fail_unless(f"len({parts}[0]) == {n} and {parts}[1] == {const(td.aux)}")
+        return all(node(c, f"{parts}[0][{i}]") for i, c in enumerate(td.children))
+
+    if not node(tree, "(args, kwargs)"):
+        return None
+    lines.append(f"    return [{', '.join(out)}]")
+    lines.append("  except Exception:")  # a missing key, a flatten rule that raised …
+    lines.append("    return None")
+    exec(builtins.compile("\n".join(lines) + "\n", "<tgx guard>", "exec"), ns)
+    return ns["flatten"]
+
+
+def _registered_flatten(t: type):
+    rule = _REGISTRY.get(t) or _auto_rule(t)
+    return None if rule is None else rule[0]
+
+
+def _unflatten_function(tree) -> Callable:
+    """`unflatten(leaves)`: the pytree of structure `tree`, generated as one expression."""
+    ns: dict[str, Any] = {}
+    k = iter(range(1 << 30))
+
+    def const(v) -> str:
+        name = f"K{len(ns)}"
+        ns[name] = v
+        return name
+
+    def expr(td) -> str:
+        if td.node_type is None:
+            return f"o[{next(k)}]"
+        t, unflatten = td.node_type
+        kids = [expr(c) for c in td.children]
+        if t is dict:
+            return "{" + ", ".join(f"{const(key)}: {e}" for key, e in zip(td.aux, kids)) + "}"
+        if t is tuple:
+            return "(" + "".join(f"{e}, " for e in kids) + ")"
+        if t is list:
+            return "[" + ", ".join(kids) + "]"
+        return f"{const(unflatten)}({const(td.aux)}, [{', '.join(kids)}])"
+
+    body = expr(tree)
+    exec(builtins.compile(f"def unflatten(o):\n    return {body}\n", "<tgx unflatten>", "exec"), ns)
+    return ns["unflatten"]
+
+
+def _warn_grad(fname: str) -> None:
+    if fname not in _WARNED_GRAD:
+        _WARNED_GRAD.add(fname)
+        warnings.warn(f"{fname} was called with torch tensors that require grad: tgx does not "
+                      f"record torch autograd, so its results do not require grad (use "
+                      f"tgx.grad / tgx.value_and_grad for gradients)", stacklevel=4)
 
 
 def _as_tuple(x) -> tuple:
@@ -365,7 +573,7 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
             return_backend_arrays: bool = False, weights=None, state=None,
             device: str = "cpu", explore_budget: float | None = None,
             patterns: bool = True, fuse: bool = True, static_argnums=(), static_argnames=(),
-            constraints=None):
+            constraints=None, donate: bool = True):
     """Compile `fn`: trace per abstract signature, choose kernels, plan buffers, run flat.
 
     Usable as `@tgx.compile` or `@tgx.compile(backends=["torch"], dynamic={"x": {0: "N"}})`.
@@ -434,7 +642,7 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
               return_backend_arrays=return_backend_arrays, weights=weights, state=state,
               device=device, explore_budget=explore_budget, patterns=patterns, fuse=fuse,
               static_argnums=static_argnums, static_argnames=static_argnames,
-              constraints=constraints)
+              constraints=constraints, donate=donate)
     if fn is None:
         return lambda f: Compiled(f, **kw)
     return Compiled(fn, **kw)

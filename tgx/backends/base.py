@@ -96,6 +96,12 @@ class Backend:
         """A NumPy array as this backend's array on `device`."""
         raise Unsupported(f"backend {self.name!r} has no from_host")
 
+    def host_alias(self, x: np.ndarray) -> Any | None:
+        """An array of this backend sharing `x`'s memory, which its kernels read afresh at
+        every call (so it stays `x` as `x` changes), or None where there is none. The
+        runtime makes one per NumPy argument object passed again and again."""
+        return None
+
     def from_foreign(self, x: Any, device: str = HOST) -> Any | None:
         """`x`, an array of another backend, converted directly (DLPack …), or None to go
         through the host format."""

@@ -82,7 +82,8 @@ def generate(steps: Sequence[tuple], *, in_slots: Sequence[int], out_slots: Sequ
     slots, slots to free after it)`, over values named by slot: arguments (`args`, one per
     `in_slots`) are `a<i>`, bound weights (`bound`, one per `bound_slots`) `w<j>`, constants
     (`consts`: slot -> value) `c<slot>`, instruction results `v<slot>`; instruction t's
-    kernel is `k<t>`. A tuple of out slots unpacks the call's results. `labels` become
+    kernel is `k<t>`. A tuple of out slots unpacks the call's results; a step whose `fn` is
+    None passes its one input on as its result (a copy left out). `labels` become
     comments."""
     consts = consts or {}
     names: dict[int, str] = {s: f"c{s}" for s in consts}
@@ -96,17 +97,27 @@ def generate(steps: Sequence[tuple], *, in_slots: Sequence[int], out_slots: Sequ
         lines.append(f"    {_targets([names[s] for s in bound_slots])} = bound")
     step_of_line: dict[int, int] = {}
     ins_names: list[tuple[str, ...]] = []
+    # a step without a function passes its input on as its result (a copy left out): the
+    # input's name stands for both, and is never deleted
+    kept = {s for fn, ins, _, _ in steps if fn is None for s in ins}
+    kept_names: set[str] = set()
     for t, (fn, ins, out, dead) in enumerate(steps):
         outs = (out,) if type(out) is int else tuple(out)
-        for s in outs:
-            names[s] = f"v{s}"
         args = [names.get(s, "None") for s in ins]
         ins_names.append(tuple(args))
-        call = _call(f"k{t}", fn, args, namespace)
-        target = names[out] if type(out) is int else _targets([names[s] for s in outs])
-        comment = f"  # {t}: {' '.join(labels[t].splitlines())}" if labels is not None else ""
-        lines.append(f"    {target} = {call}{comment}")
-        step_of_line[len(lines)] = t
+        if fn is None:
+            names[outs[0]] = args[0]
+            kept_names.add(args[0])
+        else:
+            for s in outs:
+                names[s] = f"v{s}"
+            call = _call(f"k{t}", fn, args, namespace)
+            target = names[out] if type(out) is int else _targets([names[s] for s in outs])
+            comment = (f"  # {t}: {' '.join(labels[t].splitlines())}" if labels is not None
+                       else "")
+            lines.append(f"    {target} = {call}{comment}")
+            step_of_line[len(lines)] = t
+        dead = [s for s in dead if s not in kept and names[s] not in kept_names]
         if dead:
             lines.append(f"    del {', '.join(names[s] for s in dead)}")
     lines.append(f"    return [{', '.join(names.get(s, 'None') for s in out_slots)}]")

@@ -20,7 +20,7 @@ array([2., 2., 2.], dtype=float32)
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -140,6 +140,87 @@ class CompiledGraph:
         #: BLAS threads while a call runs (None: as they are); 1 when kernels with a pool of
         #: their own run (`tgx.backends.threads`; only 1 is supported)
         self.blas_threads = None
+        #: per argument: the backend of immutable arrays (jax) that alone reads it, or None.
+        #: Such an argument is passed to its readers in that backend's format: a jax array
+        #: as it is (not through a NumPy view that jax.jit would import again, ~3-5 us an
+        #: argument), a NumPy array passed again as a jax array sharing its memory
+        #: (`Backend.host_alias`, made once per array object)
+        self._reader_map: dict | None = None
+        #: the arguments with a symbolic dim (the others have one shape for every binding)
+        self._symbolic_args = tuple(i for i, a in enumerate(self.in_avals)
+                                    if any(type(d) is not int for d in a.shape))
+        self._through = self._through_backends()
+        self._through_idx = tuple((i, b) for i, b in enumerate(self._through) if b is not None)
+        n = len(self.in_slots)
+        self._seen = [0] * n                # id of the NumPy array passed last, per argument
+        self._alias_src: list = [None] * n  # the array an alias was made of (kept alive)
+        self._alias: list = [None] * n      # its alias (None: it has none; passed as it is)
+        #: immutable state arguments XLA may take over (donation): arg index -> (the region
+        #: instruction that alone reads it, its position among the region's arguments)
+        self._donatable = self._donatable_args()
+        self._donate_k = tuple((k, a) for k, (a, _, _) in enumerate(self.state)
+                               if a in self._donatable)
+        #: state leaves updated in place (not copied): an immutable one gets a private copy
+        self._private_k = tuple(k for k, (_, _, copy) in enumerate(self.state) if not copy)
+        self._variants: dict[tuple, Specialization] = {}  # (key, mode) -> Specialization
+        self._host_copies: dict[str, frozenset] = {}      # backend -> copies left out
+
+    # -- arguments in a backend's own format -------------------------------------------------
+    def _readers(self, slot: int) -> list[int]:
+        """The instructions reading `slot`."""
+        if self._reader_map is None:
+            self._reader_map = {}
+            for t, ins in enumerate(self.instructions):
+                for s in set(ins.ins):
+                    self._reader_map.setdefault(s, []).append(t)
+        return self._reader_map.get(slot, [])
+
+    def _through_backends(self) -> tuple:
+        out = []
+        outs = set(self.out_slots)
+        for s in self.in_slots:
+            readers = self._readers(s)
+            names = {self.instructions[t].backend for t in readers}
+            b = get_backend(names.pop()) if len(names) == 1 and s not in outs else None
+            out.append(b if b is not None and not b.host and not b.inplace else None)
+        return tuple(out)
+
+    def _const_backend(self, slot: int):
+        """The immutable-array backend (jax) that alone reads constant `slot`, or None."""
+        names = {self.instructions[t].backend for t in self._readers(slot)}
+        if len(names) != 1 or slot in self.out_slots:
+            return None
+        b = get_backend(names.pop())
+        return None if b.host or b.inplace else b
+
+    def _donatable_args(self) -> dict:
+        out = {}
+        for a, _, copy in self.state:
+            s = self.in_slots[a]
+            readers = self._readers(s)
+            if copy and self._through[a] is not None and len(readers) == 1:
+                ins = self.instructions[readers[0]]
+                if ins.multi_out and ins.ins.count(s) == 1:
+                    out[a] = (readers[0], ins.ins.index(s))
+        return out
+
+    def _pass_through(self, args: list) -> None:
+        """NumPy arguments read only by an immutable-array backend (jax), passed as the
+        same array object as the last call: an alias sharing their memory, made once."""
+        for i, b in self._through_idx:
+            a = args[i]
+            if type(a) is not np.ndarray:
+                continue
+            if self._alias_src[i] is a:
+                alias = self._alias[i]
+            elif self._seen[i] == id(a):  # passed twice: worth an alias (~30 us to make)
+                alias = b.host_alias(a)
+                self._alias_src[i], self._alias[i] = a, alias
+            else:
+                self._seen[i] = id(a)
+                continue
+            if alias is not None:
+                args[i] = alias
 
     # -- weights ----------------------------------------------------------------------------
     def _input_alias_outs(self) -> tuple:
@@ -248,6 +329,10 @@ class CompiledGraph:
         template: list[Any] = [None] * self.n_slots
         for slot, c in self.consts.items():
             template[slot] = c(dims) if callable(c) else c
+            b = self._const_backend(slot)
+            if b is not None and type(template[slot]) is np.ndarray:
+                # read by jax alone: converted once here, not imported by every jax.jit call
+                template[slot] = b.convert(template[slot])
         instrs = []
         for ins, dead in zip(self.instructions, self.dead):
             out = views.get(ins.outs[0]) if ins.writes_out else None
@@ -256,15 +341,82 @@ class CompiledGraph:
             instrs.append((fn, ins.ins, outs, dead))
         shapes = tuple((tuple(eval_dim(d, dims) for d in a.shape), a.dtype)
                        for a in self.in_avals)
-        run = generate(instrs, in_slots=self.in_slots, out_slots=self.out_slots,
-                       bound_slots=[c[1] for c in self.weight_copies],
-                       consts={s: v for s, v in enumerate(template) if v is not None},
-                       labels=[ins.label for ins in self.instructions])
-        spec = Specialization(dims, template, tuple(instrs), shapes, run, workspace)
+        spec = Specialization(dims, template, tuple(instrs), shapes,
+                              self._generate(instrs, template), workspace)
         if len(self._specs) >= MAX_SPECIALIZATIONS:  # each holds a workspace: drop the oldest
-            del self._specs[next(iter(self._specs))]
+            dropped = next(iter(self._specs))
+            del self._specs[dropped]
+            for k in [k for k in self._variants if k[0] == dropped]:
+                del self._variants[k]
         self._specs[key] = spec
         return spec
+
+    def _generate(self, instrs: list, template: list) -> RunFunction:
+        return generate(instrs, in_slots=self.in_slots, out_slots=self.out_slots,
+                        bound_slots=[c[1] for c in self.weight_copies],
+                        consts={s: v for s, v in enumerate(template) if v is not None},
+                        labels=[ins.label for ins in self.instructions])
+
+    def _variant(self, key: tuple, spec: Specialization, mode: tuple) -> Specialization:
+        """`spec` run another way: `mode` is (the backend whose results stay in its format,
+        the immutable state arguments donated). Built once per binding and mode."""
+        v = self._variants.get((key, mode))
+        if v is not None:
+            return v
+        out_backend, donated = mode
+        drops = self._copies_back(out_backend) if out_backend else frozenset()
+        positions: dict[int, list] = {}
+        for a in donated:
+            t, p = self._donatable[a]
+            positions.setdefault(t, []).append((p, a))
+        instrs = []
+        for t, (fn, ins, outs, dead) in enumerate(spec.instrs):
+            if t in drops:
+                fn = None
+            elif t in positions and getattr(fn, "donating", None) is not None:
+                usable = self._usable_donations(t, positions[t], spec.dims)
+                if usable:
+                    fn = fn.donating(usable)
+            instrs.append((fn, ins, outs, dead))
+        v = replace(spec, instrs=tuple(instrs), run=self._generate(instrs, spec.template))
+        self._variants[(key, mode)] = v
+        return v
+
+    def _usable_donations(self, t: int, candidates: list, dims: dict) -> tuple:
+        """The argument positions of region `t` worth donating: one per result of the same
+        shape and dtype (XLA reuses a donated buffer for such a result; jax warns about the
+        others)."""
+        free: dict[tuple, int] = {}
+        for aval in self.instructions[t].out_avals:
+            k = (tuple(eval_dim(d, dims) for d in aval.shape), aval.dtype)
+            free[k] = free.get(k, 0) + 1
+        usable = []
+        for p, a in sorted(candidates):
+            aval = self.in_avals[a]
+            k = (tuple(eval_dim(d, dims) for d in aval.shape), aval.dtype)
+            if free.get(k, 0) > 0:
+                free[k] -= 1
+                usable.append(p)
+        return tuple(usable)
+
+    def _copies_back(self, backend: str) -> frozenset:
+        """The instructions that only copy a result of `backend` to the host to return it
+        (nothing else reads the copy): left out when the caller takes `backend`'s arrays."""
+        drops = self._host_copies.get(backend)
+        if drops is not None:
+            return drops
+        made_by = {s: ins.backend for ins in self.instructions for s in ins.outs}
+        read = {s for ins in self.instructions for s in ins.ins}
+        outs = set(self.out_slots)
+        found = set()
+        for t, ins in enumerate(self.instructions):
+            if (self.graph is not None and len(ins.eqns) == 1 and len(ins.ins) == 1
+                    and self.graph.eqns[ins.eqns[0]].primitive.name == "copy_to"
+                    and get_backend(ins.backend).host and made_by.get(ins.ins[0]) == backend
+                    and ins.outs[0] in outs and ins.outs[0] not in read):
+                found.add(t)
+        drops = self._host_copies[backend] = frozenset(found)
+        return drops
 
     # -- state ------------------------------------------------------------------------------
     def _check_state(self, args: list) -> list:
@@ -273,16 +425,17 @@ class CompiledGraph:
         objs = []
         for a, _, _ in self.state:
             x = args[a]
-            if type(x) is not np.ndarray and _immutable(x):
-                objs.append(None)
-                continue
             if type(x) is np.ndarray:
-                if not (x.flags.writeable and x.flags.c_contiguous):
+                flags = x.flags
+                if not (flags.writeable and flags.c_contiguous):
                     raise BindingError(
                         f"state {self.in_names[a]}: tgx writes the new state into the array "
                         f"in place, so it must be writable and C-contiguous; got a "
                         f"{'read-only' if not x.flags.writeable else 'non-contiguous'} array "
                         f"(pass np.ascontiguousarray(x) / x.copy())")
+            elif type(x) in _IMMUTABLE_TYPES or _immutable(x):
+                objs.append(None)
+                continue
             elif not self._state_tensor_ok(x, a):
                 raise BindingError(
                     f"state {self.in_names[a]}: expected a writable NumPy array (tgx updates it "
@@ -296,6 +449,7 @@ class CompiledGraph:
                 if id(x) in ids and sum(y is x for y in args) > 1:
                     raise BindingError(f"argument {self.in_names[i]} is also passed as another "
                                        f"argument, and one of them is state (updated in place)")
+            objs.append(False)  # marks a call passing one object twice (see `_donated`)
         return objs
 
     def _state_tensor_ok(self, x, a: int) -> bool:
@@ -331,17 +485,25 @@ class CompiledGraph:
                 continue
             if copy:
                 dst, src = args[a], outs[o]
+                if type(dst) is not np.ndarray:  # passed on as its alias: the array itself
+                    dst = obj
                 if src is not dst:
                     np.copyto(dst, to_host(src))
             outs[o] = obj
 
     # -- the hot path ------------------------------------------------------------------------
-    def run_flat(self, args: Sequence[Any]) -> list:
+    def run_flat(self, args: Sequence[Any], *, donate: bool = False, out_backend=None,
+                 checked: bool = False) -> list:
         """Run on a flat list of arguments (NumPy arrays); returns the flat list of outputs.
 
         State arguments (see `tgx.compile(state=)`) are updated in place and returned as the
         very objects passed in; immutable ones (jax arrays) are left as they are, and their
-        new values returned."""
+        new values returned, or with `donate` handed to XLA (JAX's donation: XLA writes the
+        new value into their memory and the arrays passed in are deleted) where one XLA
+        call is all that reads them. `out_backend` (a backend name): results of that
+        backend come back in its format, not copied to NumPy. `checked`: the caller has
+        checked that every argument has exactly the traced shape and dtype (the
+        `tgx.compile` fast path), so that is not checked again where no dim is symbolic."""
         args = list(args)
         if len(args) != len(self.in_slots):
             raise BindingError(f"expected {len(self.in_slots)} arguments, got {len(args)}")
@@ -351,23 +513,36 @@ class CompiledGraph:
             if len(bs) != len(self.weight_args) or any(
                     args[i] is not b for i, b in zip(self.weight_args, bs)):
                 self.bind_weights(args)
+        through = self._through
         for i, a in enumerate(args):
-            if type(a) is not np.ndarray:
+            if type(a) is not np.ndarray and (through[i] is None or
+                                              _backend_of(a) is not through[i]):
                 args[i] = _coerce(a, self.in_avals[i])
-        if objs is not None and any(o is None for o in objs):
+        if self._private_k and any(objs[k] is None for k in self._private_k):
             self._private_state(args, objs)
         key = self._key(args) if self.symbols else ()
         spec = self._specs.get(key) or self.specialize(key)
-        for a, (shape, dtype) in zip(args, spec.shapes):
-            if a.shape != shape or a.dtype != dtype:
-                self._raise_mismatch(args, spec.shapes)
+        if not checked:
+            for a, (shape, dtype) in zip(args, spec.shapes):
+                if a.shape != shape or a.dtype != dtype:
+                    self._raise_mismatch(args, spec.shapes)
+        elif self.symbols:  # the rest was checked exactly by the caller
+            shapes = spec.shapes
+            for i in self._symbolic_args:
+                if args[i].shape != shapes[i][0]:
+                    self._raise_mismatch(args, shapes)
+        if self._through_idx:
+            self._pass_through(args)
+        donated = self._donated(args, objs) if donate and self._donate_k else ()
+        if donated or out_backend is not None:
+            spec = self._variant(key, spec, (out_backend, donated))
         capped = self.blas_threads is not None
         if capped:
             hold_one_blas_thread()
         try:  # no cost on the hot path (zero-cost exceptions); the context on failure
             outs = spec.run.fn(args, self._bound)
         except Exception as e:
-            err = self._kernel_error(spec, e)
+            err = self._deleted_argument(args) or self._kernel_error(spec, e)
             if err is None:
                 raise
             raise err from e
@@ -379,6 +554,27 @@ class CompiledGraph:
         for j in self.input_alias_outs:
             outs[j] = _snapshot(outs[j])
         return outs
+
+    def _donated(self, args: list, objs: list) -> tuple:
+        """The immutable state arguments of this call that XLA may take over: passed on as
+        they are (a NumPy argument left here was converted), and each passed once."""
+        donated = tuple(a for k, a in self._donate_k
+                        if objs[k] is None and type(args[a]) is not np.ndarray)
+        if donated and len(objs) > len(self.state):  # an object passed twice (`_check_state`)
+            donated = tuple(a for a in donated if sum(y is args[a] for y in args) == 1)
+        return donated
+
+    def _deleted_argument(self, args: list) -> BindingError | None:
+        """The error for a call that failed on an argument whose array is deleted (a jax
+        array donated to an earlier call), naming it; looked for only after a failure."""
+        for i, x in enumerate(args):
+            deleted = getattr(x, "is_deleted", None)
+            if deleted is not None and deleted():
+                what = ("was state donated to an earlier call: pass the new state that call "
+                        "returned" if any(a == i for a, _, _ in self.state)
+                        else "was deleted (donated to a call, or by .delete())")
+                return BindingError(f"argument {self.in_names[i]}: its jax array {what}")
+        return None
 
     def _kernel_error(self, spec, error: Exception) -> KernelError | None:
         """A `KernelError` naming the instruction that raised `error`, its kernel, the
@@ -453,8 +649,29 @@ def _snapshot(x):
 
 def _immutable(x) -> bool:
     """Whether `x` is an array of a backend whose arrays cannot be written (jax)."""
-    b = backend_of(x)
-    return b is not None and not b.host and not b.inplace
+    b = _backend_of(x)
+    if b is not None and not b.host and not b.inplace:
+        _IMMUTABLE_TYPES.add(type(x))
+        return True
+    return False
+
+
+_IMMUTABLE_TYPES: set[type] = set()
+
+
+#: array type -> its backend, for the types seen (a type no loaded backend owned is asked
+#: again: its backend may load later)
+_TYPE_BACKEND: dict[type, Any] = {}
+
+
+def _backend_of(x):
+    """`backend_of(x)`, one dict look-up per call once the type is known."""
+    b = _TYPE_BACKEND.get(type(x))
+    if b is None:
+        b = backend_of(x)
+        if b is not None:
+            _TYPE_BACKEND[type(x)] = b
+    return b
 
 
 def _coerce(x, aval: ShapedArray):
