@@ -413,6 +413,29 @@ def test_nan_propagates_through_row_maxima_as_in_numpy():
     np.testing.assert_array_equal(got, np.max(x * 2, -1))
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_transcendentals_of_the_loops_match_float64_at_their_edges(dtype):
+    """float32 exp / log / tanh are polynomials (they vectorize; libm's are scalar calls):
+    within float32's tolerance everywhere, and 0, ±inf and NaN as NumPy gives them."""
+    def f(x):
+        return tnp.exp(x) + tnp.log(tnp.abs(x)) * tnp.tanh(x)
+    g, eqn = one_region(f, S((64,), dtype), decompose=False)
+    x = np.concatenate([np.linspace(-120, 100, 54), [0.0, -0.0, np.inf, -np.inf, np.nan,
+                                                     1e-40, -88.0, 88.5, 7.9, 1e-3]])
+    x = x.astype(dtype)
+    with np.errstate(all="ignore"):
+        got = run_region(g, eqn, C.generated_kernel(eqn).fn, (x,))
+        x64 = x.astype(np.float64)
+        want = np.exp(x64) + np.log(np.abs(x64)) * np.tanh(x64)
+    fin = np.isfinite(want) & (np.abs(want) < np.finfo(dtype).max)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(got[np.isinf(want)], want[np.isinf(want)])
+    np.testing.assert_allclose(got[fin], want[fin], rtol=4 * TOL[dtype], atol=1e-30)
+    src = C.source(eqn, "fn")
+    assert ("np.float32(exp_f32(" in src) == (dtype == "float32")
+    assert ("np.float64(np.exp(" in src) == (dtype == "float64")
+
+
 def test_a_stored_plan_with_a_generated_loop_loads_again():
     """Measured whole plans are stored as bytes naming their kernels: a generated loop is
     found again from its region (EXPLORE's measured plan was otherwise skipped)."""

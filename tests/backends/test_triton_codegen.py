@@ -104,6 +104,22 @@ def test_interpreted_long_rows_tile_the_columns():
     close(got, (x.astype(np.float64) ** 2).sum(-1), "float32", scale=50)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_interpreted_gelu_gate_keeps_tanh_whole(dtype):
+    """The gate's `tanh` stays one op of the body (`region_ir.KEEP`), written from `exp`."""
+    import tgx.nn as tnn
+    g = tgx.fuse(tgx.make_graph(lambda a, b: tnn.gelu(a, approximate="tanh") * b)(
+        S((3, 50), dtype), S((3, 50), dtype)), rows=True)
+    (eqn,) = g.eqns
+    assert "tl.exp(-2.0 * tl.abs(" in T.source(eqn, "fn")
+    rng = np.random.default_rng(0)
+    a, b = (rng.uniform(-6, 6, (3, 50)).astype(dtype) for _ in range(2))
+    (got,) = interpreted(g, eqn, (a, b))
+    a64 = a.astype(np.float64)
+    want = 0.5 * a64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (a64 + 0.044715 * a64 ** 3))) * b
+    close(got, want, dtype, scale=10)
+
+
 # every kernel the tests above generate, at one shape and dtype each: compiled ahead of time
 AOT = {f"{name}-{dt}": (REDUCING[name], dt) for name in REDUCING for dt in ("float32",
                                                                             "float64")}

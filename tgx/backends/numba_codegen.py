@@ -42,7 +42,6 @@ from ..core import Eqn, Graph, Literal
 from ..errors import Unsupported
 from ..graph.hashing import structural_hash
 from ..shapes import eval_dim, hint_value
-from ..transforms.decompose import decompose
 from .numba_kernels import HAVE_NUMBA
 from .region_ir import (REDUCTIONS, SOURCE_HASH, Region, analyze, body_of,
                         check_against_float64, run_shapes)
@@ -60,11 +59,12 @@ OPS = {
     "and": "{a} and {b}", "or": "{a} or {b}", "not": "not {a}",
     "convert_element_type": "{a}",
     "broadcast_in_dim": "{a}", "reshape": "{a}",   # views: the operand, read at this point
+    "tanh": "np.tanh({a})",
 }
 #: float32 ops by the helpers below instead of libm: numba calls libm's expf / logf one scalar
 #: at a time (a 262k-element exp loop: 3.7 ms), Cephes' polynomials vectorize (0.12 ms;
 #: NumPy's SIMD exp 0.28 ms); error within 1e-7 relative, 0 / inf / NaN as libm's
-OPS_F32 = {"exp": "exp_f32({a})", "log": "log_f32({a})"}
+OPS_F32 = {"exp": "exp_f32({a})", "log": "log_f32({a})", "tanh": "tanh_f32({a})"}
 #: reductions of a scratch row: a float sum into one accumulator stays scalar (LLVM may not
 #: reorder it without fastmath), so the sum is a helper compiled with `reassoc` alone (its
 #: own adds only: the ops of the region still round as NumPy's), and the extrema take eight
@@ -136,6 +136,23 @@ def log_f32(x):
     r = np.float32(np.nan) if x < np.float32(0.0) else r
     r = x if x == np.float32(np.inf) else r
     return x if x != x else r
+
+
+@numba.njit(cache=True, error_model='numpy', inline='always')
+def tanh_f32(x):
+    # x P(x^2) / Q(x^2) on |x| <= 7.9 (+-1 beyond): Eigen's and XLA's float32 tanh
+    u = min(max(x, np.float32(-7.905311)), np.float32(7.905311))
+    u2 = u * u
+    p = u2 * np.float32(-2.76076847742355e-16) + np.float32(2.00018790482477e-13)
+    p = u2 * p + np.float32(-8.60467152213735e-11)
+    p = u2 * p + np.float32(5.12229709037114e-08)
+    p = u2 * p + np.float32(1.48572235717979e-05)
+    p = u2 * p + np.float32(6.37261928875436e-04)
+    p = u2 * p + np.float32(4.89352455891786e-03)
+    q = u2 * np.float32(1.19825839466702e-06) + np.float32(1.18534705686654e-04)
+    q = u2 * q + np.float32(2.26843463243900e-03)
+    q = u2 * q + np.float32(4.89352518554385e-03)
+    return u * p / q if x == x else x
 
 
 @numba.njit(cache=True, error_model='numpy', fastmath={'reassoc'})
@@ -422,7 +439,7 @@ def _generate(graph: Graph):
     key = _key(graph)
     hit = _KERNELS.get(key)
     if hit is None:
-        r = analyze(decompose(graph))
+        r = analyze(body_of(graph))
         # named by the source: regions of one structure at other sizes share the machine code
         fn_name = "fused_" + hashlib.sha256(_Emitter(r).source("fn").encode()).hexdigest()[:16]
         src = _Emitter(r).source(fn_name)
@@ -519,7 +536,7 @@ def parallel_checker(avals, params) -> str | None:
     graph = params.get("graph")
     if graph is None or params.get("name", "fused") != "fused":
         return "not a region of tgx.fuse"
-    r = analyze(decompose(graph))
+    r = analyze(body_of(graph))
     if isinstance(r, str):
         return r
     env = {s: hint_value(s) for a in avals for d in a.shape if type(d) is not int

@@ -47,7 +47,10 @@ from ..transforms.decompose import decompose
 ELEMENTWISE = frozenset({
     "add", "sub", "mul", "div", "neg", "max", "min", "pow", "exp", "log", "sqrt", "sin",
     "cos", "atan", "erf", "floor", "copy", "eq", "ne", "lt", "le", "gt", "ge", "select",
-    "and", "or", "not", "convert_element_type"})
+    "and", "or", "not", "convert_element_type",
+    "tanh"})   # a composite the generators write themselves (its decomposition: exp, log, ...)
+#: composites a body keeps whole (`body_of`): each generator has its own form of them
+KEEP = frozenset({"tanh"})
 #: reductions over the last axis, with the identity they start from
 REDUCTIONS = {"reduce_sum": 0.0, "reduce_max": -np.inf, "reduce_min": np.inf}
 #: ops that only re-index (no code: the value is the operand's, read at the same point)
@@ -100,9 +103,11 @@ class Region:
         return None if isinstance(x, Literal) else self.values[x.id]
 
 
-def body_of(eqn: Eqn) -> Graph:
-    """The atomic body of a `fused` equation (composites decomposed)."""
-    return decompose(eqn.params["graph"])
+def body_of(eqn_or_graph) -> Graph:
+    """The body of a `fused` equation (or a region's graph) as the generators read it: every
+    composite decomposed but those in `KEEP`."""
+    g = eqn_or_graph.params["graph"] if isinstance(eqn_or_graph, Eqn) else eqn_or_graph
+    return decompose(g, keep=KEEP)
 
 
 def _eq(a, b) -> bool:
@@ -287,7 +292,8 @@ def analyze_eqns(eqns: Sequence[Eqn], invars: Sequence, outvars: Sequence | None
 
 
 def analyze(body: Graph) -> Region | str:
-    """The `Region` of an atomic body (`body_of`), or the reason no kernel is generated."""
+    """The `Region` of a body as `body_of` gives it, or the reason no kernel is
+    generated."""
     if body.constvars:
         return "constants in the body"
     r = analyze_eqns(body.eqns, body.invars, body.outvars)

@@ -45,9 +45,8 @@ from ..errors import KernelError, Unsupported
 from ..graph.hashing import structural_hash
 from ..primitives.fused import reference_loop
 from ..shapes import eval_dim, hint_value
-from ..transforms.decompose import decompose
-from .region_ir import (REDUCTIONS, SOURCE_HASH, Region, analyze, check_against_float64,
-                        run_shapes)
+from .region_ir import (REDUCTIONS, SOURCE_HASH, Region, analyze, body_of,
+                        check_against_float64, run_shapes)
 from .numba_codegen import _cache_dir
 from .registry import Kernel, add_kernel
 
@@ -68,6 +67,9 @@ OPS = {
     "le": "{a} <= {b}", "gt": "{a} > {b}", "ge": "{a} >= {b}", "select": "tl.where({a}, {b}, {c})",
     "and": "{a} & {b}", "or": "{a} | {b}", "not": "{a} == 0",
     "broadcast_in_dim": "{a}", "reshape": "{a}",
+    # tanh from exp(-2|x|) (libdevice's tanh is an extern the interpreter cannot run)
+    "tanh": "tl.where({a} < 0, -1.0, 1.0) * ((1.0 - tl.exp(-2.0 * tl.abs({a}))) / "
+            "(1.0 + tl.exp(-2.0 * tl.abs({a}))))",
 }
 #: ops whose rounded form takes float32 only: float64's plain one (IEEE already)
 _F32_ONLY = {"sqrt": "tl.sqrt({a})"}
@@ -98,8 +100,7 @@ def available() -> str | None:
 def region(eqn_or_graph) -> Region | str:
     """The shared analysis of a `fused` equation (or of its body graph), with what this
     generator adds: no `pow` / `atan`."""
-    g = eqn_or_graph.params["graph"] if isinstance(eqn_or_graph, Eqn) else eqn_or_graph
-    r = analyze(decompose(g))
+    r = analyze(body_of(eqn_or_graph))
     if isinstance(r, str):
         return r
     for e in r.body.eqns:
