@@ -19,11 +19,21 @@ Prints the median per call, the spread (p90/median), and the ratios to `tgx op b
 the best peer. `--patterns rope`: the numba kernel of the primitive `apply_rotary_emb` against
 NumPy's (`tgx op by op` there is tgx's NumPy kernel). End to end, `bench_gemma.py` has rows
 with patterns off.
+
+`--generated` (or `--patterns generated`): the same computations written as plain ops, each
+one region of the fuse stage, run by the loops `tgx.backends.numba_codegen` generates from
+the region's IR (`tgx generated`: serial; `tgx generated ‖`: the parallel loops, where the
+region is large enough for them to be offered), against the same peers; and per region what
+generating and compiling costs on the first call (an empty kernel cache) and on a later
+process's first call (the kernel cache on disk: source and machine code loaded, nothing
+compiled).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 import time
 
 import numpy as np
@@ -137,13 +147,9 @@ def patterns():
     }
 
 
-def contenders(name, spec, rows):
-    import jax
-    import jax.numpy as jnp
-    import torch
-
-    fn, np_fn, t_fn, j_fn, shapes = spec
+def draw_args(shapes, rows):
     rng = np.random.default_rng(0)
+
     def draw(s):
         if s[0] == "bool":          # a causal mask over the last positions
             r, n = s[1:]
@@ -151,7 +157,16 @@ def contenders(name, spec, rows):
         if s[0] == "scalar":
             return np.float32(0.0625)
         return rng.standard_normal(s).astype(np.float32)
-    args = [draw(s) for s in shapes(rows)]
+    return [draw(s) for s in shapes(rows)]
+
+
+def contenders(name, spec, rows):
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    fn, np_fn, t_fn, j_fn, shapes = spec
+    args = draw_args(shapes, rows)
     on = tgx.compile(fn, backends=["numpy"], policy="heuristic")
     off = tgx.compile(fn, backends=["numpy"], policy="heuristic", patterns=False)
     plan = on.lower(*args)
@@ -251,11 +266,100 @@ def report(title: str, times: dict) -> None:
               f"{med[k] / med['tgx op by op']:9.2f}x {med[k] / med[best]:9.2f}x")
 
 
+#: generated-region rows: pattern name -> the region's name in the printout
+GENERATED = {"residual_rms_norm_1p": "residual add + RMSNorm (1 + w)",
+             "scaled_masked_softmax": "scaled masked softmax row",
+             "gelu_tanh_gate": "GeGLU gate (tanh GELU)"}
+
+
+def _region(fn, args):
+    """The fuse stage's one region of `fn` (decomposed) and its inputs in operand order."""
+    from tgx.planning.regions import fuse_regions
+
+    from tgx.backends.region_ir import KEEP
+
+    specs = [tgx.Spec(np.shape(a), np.asarray(a).dtype) for a in args]
+    # decomposed as the selection's decomposition graphs are, one composite at a time: the
+    # gate's `tanh` stays an equation (the loops write it as a rational function)
+    g = fuse_regions(tgx.decompose(tgx.make_graph(fn)(*specs), keep=KEEP), ["numpy"])
+    assert [e.primitive.name for e in g.eqns] == ["fused"], g
+    (eqn,) = g.eqns
+    by_id = {v.id: a for v, a in zip(g.invars, args)}
+    return eqn, [by_id[v.id] for v in eqn.invars]
+
+
+def generated_contenders(name, spec, rows):
+    """The region's generated loops (serial; parallel where offered) against the op-by-op
+    form and the peers."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    from tgx.backends import numba_codegen as C
+
+    fn, np_fn, t_fn, j_fn, shapes = spec
+    args = draw_args(shapes, rows)
+    eqn, ordered = _region(fn, args)
+    serial = C.generated_kernel(eqn).fn
+    off = tgx.compile(fn, backends=["numpy"], policy="heuristic", patterns=False, fuse=False)
+    targs = [torch.from_numpy(np.asarray(a)) for a in args]
+    jargs = [jnp.asarray(a) for a in args]
+    jitted = jax.jit(j_fn)
+    out = {"tgx generated": lambda: serial(*ordered)}
+    if C.parallel_checker([v.aval for v in eqn.invars], dict(eqn.params)) is None:
+        par = C._generate(eqn.params["graph"])[1]
+        out["tgx generated ‖"] = lambda: par(*ordered)
+    out.update({
+        "tgx op by op": lambda: off(*args),
+        "NumPy": lambda: np_fn(*args),
+        "torch eager": lambda: t_fn(*targs),
+        "jax.jit": lambda: jax.block_until_ready(jitted(*jargs)),
+    })
+    ref = _as_np(np_fn(*[a.astype(np.float64) for a in args]))
+    for k, f in out.items():
+        got = _as_np(f())
+        err = np.abs(got - ref).max() / np.abs(ref).max()
+        assert err < 1e-4, f"{name} {k}: error {err:.1e}"
+    return out
+
+
+def compile_cost(spec, rows) -> tuple[float, float]:
+    """Seconds of the first call of the region's serial loops with an empty kernel cache
+    (generate, write, compile) and with the cache on disk (as a second process: load)."""
+    from tgx.backends import numba_codegen as C
+
+    fn, _, _, _, shapes = spec
+    args = draw_args(shapes, rows)
+    eqn, ordered = _region(fn, args)
+    old, saved = C._KERNELS, os.environ.get("TGX_KERNEL_CACHE")
+    try:
+        with tempfile.TemporaryDirectory() as d:
+            os.environ["TGX_KERNEL_CACHE"] = d
+            times = []
+            for _ in range(2):
+                C._KERNELS = {}
+                t0 = time.perf_counter()
+                C.generated_kernel(eqn).fn(*ordered)
+                times.append(time.perf_counter() - t0)
+    finally:
+        C._KERNELS = old
+        if saved is None:
+            os.environ.pop("TGX_KERNEL_CACHE", None)
+        else:
+            os.environ["TGX_KERNEL_CACHE"] = saved
+    return times[0], times[1]
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--patterns", nargs="*", help="only these patterns")
+    ap.add_argument("--patterns", nargs="*", help="only these patterns ('generated': the "
+                                                   "generated-region rows)")
+    ap.add_argument("--generated", action="store_true", help="only the generated regions")
     args = ap.parse_args(argv)
+    if args.generated or (args.patterns and "generated" in args.patterns):
+        main_generated(args.rounds)
+        return
     for name, spec in patterns().items():
         if args.patterns and name not in args.patterns:
             continue
@@ -268,6 +372,17 @@ def main(argv=None) -> None:
             times = measure(rope_contenders(rows), args.rounds)
             report(f"apply_rotary_emb (a primitive: numba kernel against NumPy's), {phase} "
                    f"(4 heads x {rows} x 256)", times)
+
+
+def main_generated(rounds: int) -> None:
+    specs = patterns()
+    for name, title in GENERATED.items():
+        for phase, rows in (("prefill", 128), ("decode", 1)):
+            cold, warm = compile_cost(specs[name], rows)
+            fns = generated_contenders(name, specs[name], rows)
+            report(f"generated loops: {title}, {phase} ({rows} row{'s' if rows > 1 else ''})"
+                   f"; first call {cold * 1e3:.0f} ms with an empty kernel cache, "
+                   f"{warm * 1e3:.0f} ms with it on disk", measure(fns, rounds))
 
 
 if __name__ == "__main__":
