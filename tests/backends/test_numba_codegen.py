@@ -392,6 +392,26 @@ def test_a_hand_written_rms_norm_runs_as_one_generated_loop(monkeypatch):
     close(plan(x, w), _hand_rms_ref(x.astype(np.float64), w.astype(np.float64)), "float32")
 
 
+def test_parallel_loops_measured_faster_run_in_a_plan_with_blas_on_one_thread(monkeypatch):
+    from tgx.planning import fastest
+    from tgx.planning.cost_model import CostModel, Estimate
+
+    class Measured(CostModel):
+        def kernel(self, eqn, kernel, dims):
+            fast = kernel.name == "fused" and kernel.variant == "numba-parallel"
+            return Estimate(1e-7 if fast else 1e-5, "measured", "planted")
+
+    monkeypatch.setattr(fastest, "CostModel", lambda *a, **k: Measured())
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((64, 640)).astype(np.float32)
+    w = rng.standard_normal(640).astype(np.float32)
+    plan = tgx.compile(_hand_rms, backends=["numpy"], store=None, patterns=False).lower(x, w)
+    assert [repr(k) for k in plan.kernels] == ["fused[numba-parallel]@numpy"]
+    assert plan.kernels[0].own_pool                 # the plan holds BLAS to one thread
+    close(plan(x, w), _hand_rms_ref(x.astype(np.float64), w.astype(np.float64)), "float32",
+          scale=np.sqrt(640))
+
+
 def test_rounding_as_numpy_and_infinite_literals():
     """No fastmath: float32 rounds each op as NumPy does; ±inf literals are spelled exactly
     (an attention mask's -inf)."""
