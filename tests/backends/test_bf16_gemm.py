@@ -14,6 +14,8 @@ from tgx.backends.registry import kernels_for
 from tgx.planning.cost_model import CostModel
 from tgx.store import BenchmarkStore
 
+from .planted import plant_kernel
+
 bg = pytest.importorskip("tgx.backends.bf16_gemm")
 if not bg.available():
     pytest.skip("no torch, or no bfloat16 dot products on this CPU", allow_module_level=True)
@@ -78,23 +80,11 @@ def _linear(w, x):
     return tnn.linear(x, w)
 
 
-def _plant(store, args, variant, seconds):
-    """Record `variant` of the `linear` of `_linear` as measured at `seconds`."""
-    eqn = next(e for e in tgx.make_graph(_linear)(*args).eqns if e.primitive.name == "linear")
-    kernel = next(k for k in kernels_for("linear", "numpy") if k.variant == variant)
-    cm = CostModel(store)
-    ghash, axes, inputs = cm.workload(eqn, {})
-    wkey = store.add_workload(ghash, axes, inputs)
-    store.add_implementation("KERNEL", kernel.label, kernel.backend, kernel.source_hash)
-    store.add_trace(graph_hash=ghash, impl=cm.impl_key(kernel), workload=wkey,
-                    env_id=cm.env_id, status="PASSED", median_s=seconds)
-
-
 def test_chosen_only_under_tolerance_with_the_weight_held_once(tmp_path):
     rng = np.random.default_rng(1)
     w, x = _rand(rng, 96, 64), _rand(rng, 48, 64)
     store = BenchmarkStore(tmp_path / "s.json")
-    _plant(store, (w, x), "onednn-bf16", 1e-9)
+    plant_kernel(store, _linear, (w, x), "onednn-bf16")
     want = x.astype(np.float64) @ w.T.astype(np.float64)
 
     f = tgx.compile(_linear, weights="w", backends=["numpy"], store=store)
@@ -119,7 +109,7 @@ def test_a_tolerance_tighter_than_bfloat16_keeps_float32(tmp_path):
     rng = np.random.default_rng(2)
     w, x = _rand(rng, 96, 64), _rand(rng, 48, 64)
     store = BenchmarkStore(tmp_path / "s.json")
-    _plant(store, (w, x), "onednn-bf16", 1e-9)
+    plant_kernel(store, _linear, (w, x), "onednn-bf16")
     f = tgx.compile(_linear, weights="w", backends=["numpy"], store=store, tolerance=1e-5)
     y = f(w, x)
     plan = f.lower(w, x)

@@ -14,6 +14,8 @@ from tgx.backends.registry import kernels_for
 from tgx.planning.cost_model import CostModel
 from tgx.store import BenchmarkStore
 
+from .planted import plant_kernel
+
 nk = pytest.importorskip("tgx.backends.numba_kernels")
 if not nk.HAVE_NUMBA:
     pytest.skip("numba is not installed", allow_module_level=True)
@@ -104,20 +106,6 @@ def _linear(w, x):
     return tnn.linear(x, w)
 
 
-def _plant(store, fn, args, variant, seconds=1e-9, name="linear"):
-    """Record `variant` of primitive `name` as measured at `seconds` for fn's (one) such
-    equation."""
-    g = tgx.simplify(tgx.make_graph(fn)(*args))
-    eqn = next(e for e in g.eqns if e.primitive.name == name)
-    kernel = next(k for k in kernels_for(name, "numpy") if k.variant == variant)
-    cm = CostModel(store)
-    ghash, axes, inputs = cm.workload(eqn, {})
-    wkey = store.add_workload(ghash, axes, inputs)
-    store.add_implementation("KERNEL", kernel.label, kernel.backend, kernel.source_hash)
-    store.add_trace(graph_hash=ghash, impl=cm.impl_key(kernel), workload=wkey,
-                    env_id=cm.env_id, status="PASSED", median_s=seconds)
-
-
 @pytest.fixture
 def weights():
     rng = np.random.default_rng(1)
@@ -130,7 +118,7 @@ def _compile(store, **kw):
 
 def test_lossy_kernel_is_chosen_only_under_tolerance(tmp_path, weights):
     store = BenchmarkStore(tmp_path / "s.json")
-    _plant(store, _linear, weights, "numba-int8")
+    plant_kernel(store, _linear, weights, "numba-int8")
     w, x = weights
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     f = _compile(store)
@@ -151,7 +139,7 @@ def test_lossy_kernel_is_chosen_only_under_tolerance(tmp_path, weights):
 
 def test_weight_is_held_once_per_bound_array(tmp_path, weights):
     store = BenchmarkStore(tmp_path / "s.json")
-    _plant(store, _linear, weights, "numba-bf16")
+    plant_kernel(store, _linear, weights, "numba-bf16")
     w, x = weights
     f = _compile(store, tolerance=5e-2)
     f(w, x)
@@ -170,8 +158,8 @@ def test_a_plan_over_the_tolerance_is_planned_again_with_less_loss(tmp_path, wei
     """int8 (~1e-2 of the scale) fails a 4e-3 tolerance, bf16 (~2e-3) passes; 1e-4 rejects
     both and the plan runs in float32."""
     store = BenchmarkStore(tmp_path / "s.json")
-    _plant(store, _linear, weights, "numba-int8", 1e-9)
-    _plant(store, _linear, weights, "numba-bf16", 2e-9)
+    plant_kernel(store, _linear, weights, "numba-int8", 1e-9)
+    plant_kernel(store, _linear, weights, "numba-bf16", 2e-9)
     w, x = weights
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     f = _compile(store, tolerance=4e-3)
@@ -194,7 +182,7 @@ def test_kernel_that_prepares_a_computed_operand_is_not_offered(tmp_path, weight
     kernel's measured time does not include."""
     store = BenchmarkStore(tmp_path / "s.json")
     fn = lambda w, x: tnn.linear(x, w * 2)  # noqa: E731
-    _plant(store, fn, weights, "numba-int8")
+    plant_kernel(store, fn, weights, "numba-int8")
     f = tgx.compile(fn, weights="w", backends=["numpy"], store=store, tolerance=5e-2)
     w, x = weights
     np.testing.assert_allclose(f(w, x), x @ (2 * w).T, rtol=1e-4, atol=1e-4)
@@ -222,7 +210,7 @@ def test_plan_with_generated_kernels_caps_blas_while_it_runs(tmp_path, weights, 
     from tgx.backends.threads import blas_threads
 
     store = BenchmarkStore(tmp_path / "s.json")
-    _plant(store, _linear, weights, "numba")
+    plant_kernel(store, _linear, weights, "numba")
     w, x = weights
     f = _compile(store)
     before = blas_threads()
@@ -332,7 +320,7 @@ def test_under_tolerance_a_measured_plan_competes_with_the_lossy_selection(
     """A measured whole plan is kept under a tolerance unless the selection holds weights in
     a lower precision and predicts less time than the plan took."""
     store = BenchmarkStore(tmp_path / "s.json")
-    _plant(store, _linear, weights, "numba-int8", 1e-6)
+    plant_kernel(store, _linear, weights, "numba-int8", 1e-6)
     _plant_plan(store, _linear, weights, plan_s)
     f = _compile(store, tolerance=5e-2)
     f(*weights)
@@ -346,7 +334,7 @@ def test_a_hand_written_x_at_w_transposed_gets_the_same_kernels(tmp_path, weight
     its weight held in int8 like a `linear`'s."""
     store = BenchmarkStore(tmp_path / "s.json")
     fn = lambda w, x: x @ w.T  # noqa: E731
-    _plant(store, fn, weights, "numba-int8", name="dot_general")
+    plant_kernel(store, fn, weights, "numba-int8", name="dot_general")
     f = tgx.compile(fn, weights="w", backends=["numpy"], store=store, tolerance=5e-2)
     w, x = weights
     y = f(w, x)
