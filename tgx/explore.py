@@ -64,8 +64,6 @@ FAR = 1.5
 #: plans measured within this fraction of the fastest get extra passes (see
 #: `measure_assignments`)
 CLOSE = 0.15
-#: a plan's call at least this long gets `rounds` passes in the close race, not twice as many
-LONG_CALL_S = 0.05
 
 
 # -- kernels -----------------------------------------------------------------------------------
@@ -190,8 +188,9 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
     all; each pass first runs the plan for `spin_up_s` untimed, then times it, and a plan's
     figure is the median of its pass medians; after each pass a plan `FAR` slower than
     the fastest (both at their best pass) gets no further passes, and plans within `CLOSE`
-    of the fastest then get twice as many passes again (as many again when the fastest
-    call takes `LONG_CALL_S` or more), to tell them apart. The spin-up is
+    of the fastest then get twice as many passes again, to tell them apart (fewer passes
+    for long calls were tried and reverted: on a loaded machine 3 passes chose the 18-layer
+    prefill's NumPy plan, 1.13x the jax plan, where 6 had chosen right). The spin-up is
     what makes passes comparable: thread pools outlive the call that started them (OpenBLAS
     workers spin ~0.1 s, torch's OpenMP pool, XLA's), so a plan timed right after another
     would pay for it, while a plan run in a loop pays only for its own pools.
@@ -273,9 +272,7 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
         best = min(med.values())
         close = [impl for impl, m in med.items() if m <= best * (1 + CLOSE)]
         if len(close) > 1:
-            # a long call is its own average (a 0.2 s prefill: pass medians within ~3%);
-            # short ones need more passes to rise above the machine's noise
-            race(close, 2 * rounds if best < LONG_CALL_S else rounds)
+            race(close, 2 * rounds)
     for impl, ts in passes.items():
         med = [t.median_s for t in ts]
         mid = statistics.median(med)
