@@ -89,6 +89,7 @@ class Compiled:
         #: the signatures of the last calls, most recent first, each with the function that
         #: checks and flattens the arguments of such a call in one pass (`_FastCall`)
         self._guards: list[_FastCall] = []
+        self._out_trees: dict[int, Any] = {}  # id(plan) -> the traced output structure
         self._weight_leaves: dict[Any, tuple] = {}  # tree -> indices of the weight leaves
         # tree -> per state argument: (name, its leaf indices, its tree structure)
         self._state_leaves: dict[Any, tuple] = {}
@@ -213,7 +214,13 @@ class Compiled:
             plan = check_precision(
                 plan, leaves, lambda below: plan_graph(graph, replace(options, lossy_below=below)))
             self._plans[key] = plan
+            # a plan rebuilt from a measured whole plan may not carry the output structure
+            self._out_trees[id(plan)] = graph.out_tree
         return plan
+
+    def _out_tree(self, plan: Plan):
+        """The structure of `plan`'s results (as traced)."""
+        return plan.graph.out_tree or self._out_trees.get(id(plan))
 
     def lower(self, *args, **kwargs) -> Plan:
         """The `Plan` for arguments given as arrays or `tgx.Spec`s (symbolic names allowed)."""
@@ -282,8 +289,10 @@ class Compiled:
             self._guards.insert(0, fast)
             del self._guards[_GUARDS:]
             return fast(leaves)
-        out = tree_unflatten(plan.graph.out_tree,
-                             plan.compiled.run_flat(leaves, donate=self.donate))
+        outs = plan.compiled.run_flat(leaves, donate=self.donate)
+        out_tree = self._out_tree(plan)
+        out = (tree_unflatten(out_tree, outs) if out_tree is not None
+               else outs[0] if len(outs) == 1 else outs)
         if self.return_backend_arrays:
             return out
         return _like_inputs(leaves, out, getattr(self.fn, "__name__", "the function"))
@@ -314,7 +323,8 @@ class _FastCall:
 
     @classmethod
     def make(cls, owner: Compiled, plan: Plan, tree, leaves: list, avals) -> _FastCall | None:
-        if len(avals) != len(leaves) or plan.graph.out_tree is None:
+        out_tree = owner._out_tree(plan)
+        if len(avals) != len(leaves) or out_tree is None:
             return None
         flatten = _guard_function(tree, leaves, avals)
         if flatten is None:
@@ -322,7 +332,7 @@ class _FastCall:
         self = cls()
         self.flatten = flatten
         self.compiled = plan.compiled
-        self.unflatten = _unflatten_function(plan.graph.out_tree)
+        self.unflatten = _unflatten_function(out_tree)
         self.donate = owner.donate
         self.fname = getattr(owner.fn, "__name__", "the function")
         self.backend_arrays = owner.return_backend_arrays
@@ -614,6 +624,10 @@ def compile(fn: Callable | None = None, *, policy: str = "fastest",  # noqa: A00
     Otherwise (on jax, or another op made the new state) the result is copied into the
     caller's array once per call. State arrays must be writable, C-contiguous NumPy arrays
     (CPU torch tensors with `return_backend_arrays=True`), and are accounted as *state* memory.
+    Or jax arrays, the JAX way: the new state comes back as new jax arrays, and with `donate`
+    (the default) the arrays passed in are donated to the XLA call that alone reads them, as
+    `jax.jit(donate_argnums=...)` does: XLA writes the new state into their buffers and they
+    are deleted (keep only what the call returns). `donate=False` leaves them valid.
 
     `device` ("cpu", the default; "cuda:0", "cuda:1" …): where the torch and jax equations
     run (NumPy equations always run on the host). Checked at once: a CUDA device that torch
