@@ -1,7 +1,8 @@
 """Training steps: tgx's compiled step against torch eager, torch.compile and jax.jit.
 
     flock /tmp/bench.lock .venv/bin/python bench/bench_train.py [--rounds 15]
-        [--workloads mlp-small lm-small ...] [--explore-budget 60] [--skip torch.compile]
+        [--workloads mlp-small lm-small ...] [--explore-budget 60]
+        [--skip torch.compile explore jax-state]
 
 A step is the forward pass, the loss, its gradient and an Adam update (lr 1e-3, torch's
 defaults otherwise) of every parameter, on one fixed batch. Workloads: the models of
@@ -21,6 +22,10 @@ Contenders, all in this one process, from the same initial weights and batch:
   state updated in place;
 - `tgx explored`: the same after `policy="explore"` with `--explore-budget` seconds has
   measured candidates into that store (`--skip explore` leaves it out);
+- `tgx FASTEST js`, `tgx explored js`: the same two plans called the JAX way, params,
+  optimizer state and batch as jax arrays, the state donated (tgx's default for jax-array
+  state: XLA writes the new state into the old buffers, the arrays passed in are deleted,
+  the new ones come back), the loss blocked on as in the jax.jit row (`--skip jax-state`);
 - `torch eager`: the model written in torch, autograd, `torch.optim.Adam` (its default
   single-tensor implementation on CPU);
 - `torch.compile`: the loss function and `opt.step` each under `torch.compile` (inductor);
@@ -230,8 +235,11 @@ def _timed_build(name: str, make: Callable[[], Callable]) -> tuple[Contender, fl
     return Contender(name, step, time.perf_counter() - t0), float(first)
 
 
-def tgx_contender(w: Workload, name: str, **compile_kw):
-    """tgx's step, compiled with `compile_kw`, params and Adam state as `state=`."""
+def tgx_contender(w: Workload, name: str, jax_state: bool = False, **compile_kw):
+    """tgx's step, compiled with `compile_kw`, params and Adam state as `state=`: the
+    caller's NumPy arrays, updated in place, or with `jax_state` jax arrays (and a jax
+    batch), donated to the step as `jax.jit(donate_argnums)` does, the new state coming
+    back as new arrays."""
     opt = optim.adam(LR)
     params = tgx.aligned(w.params)   # a copy, which a JAX region reads in place
     state = opt.init(params)
@@ -242,7 +250,20 @@ def tgx_contender(w: Workload, name: str, **compile_kw):
         return loss, (optim.apply_updates(p, updates), s)
 
     train = tgx.compile(train_step, state=("p", "s"), **compile_kw)
-    c, first = _timed_build(name, lambda: lambda: train(params, state, *w.batch)[0])
+    if not jax_state:
+        c, first = _timed_build(name, lambda: lambda: train(params, state, *w.batch)[0])
+    else:
+        import jax
+        import jax.numpy as jnp
+
+        carry = [tgx.tree_map(jnp.asarray, params), tgx.tree_map(jnp.asarray, state)]
+        batch = [jnp.asarray(a) for a in w.batch]
+
+        def step():   # as the jax.jit row: the loss blocks, the state is the last step's
+            loss, (carry[0], carry[1]) = train(carry[0], carry[1], *batch)
+            return jax.block_until_ready(loss)
+
+        c, first = _timed_build(name, lambda: step)
     plan = train.lower(params, state, *w.batch)
     c.note = f"{plan.summary()}; traced {train.trace_count}x"
     return c, first
@@ -307,6 +328,8 @@ def jax_contender(w: Workload):
 def contenders(w: Workload, store, explore_budget: float | None, skip: set) -> list:
     """The contenders, each checked: its first two losses against tgx's."""
     built = [tgx_contender(w, "tgx FASTEST", store=store)]
+    if "jax-state" not in skip:
+        built.append(tgx_contender(w, "tgx FASTEST js", jax_state=True, store=store))
     if "explore" not in skip:
         t0 = time.perf_counter()
         tgx_contender(w, "tgx explore", store=store, policy="explore",
@@ -314,6 +337,8 @@ def contenders(w: Workload, store, explore_budget: float | None, skip: set) -> l
         c, first = tgx_contender(w, "tgx explored", store=store)
         c.note += f"; explore and this rebuild took {time.perf_counter() - t0:.1f} s"
         built.append((c, first))
+        if "jax-state" not in skip:
+            built.append(tgx_contender(w, "tgx explored js", jax_state=True, store=store))
     built.append(torch_contender(w, compiled=False))
     if "torch.compile" not in skip:
         try:
@@ -362,11 +387,11 @@ def report(w: Workload, cs: list[Contender], load: float) -> None:
     best = min((c.name for c in cs if not c.name.startswith("tgx")), key=med.get)
     print(f"\n{w.name} ({w.describe}): median per step over {len(cs[0].times)} rounds; "
           f"ratio to the best peer ({best}); load average while timed {load:.2f}")
-    print(f"  {'contender':14s} {'median ms':>10s} {'p90/med':>8s} {'/best peer':>10s} "
+    print(f"  {'contender':16s} {'median ms':>10s} {'p90/med':>8s} {'/best peer':>10s} "
           f"{'compile s':>10s}")
     for c in sorted(cs, key=lambda c: med[c.name]):
         t = np.array(c.times)
-        print(f"  {c.name:14s} {med[c.name] * 1e3:10.3f} {np.percentile(t, 90) / med[c.name]:8.2f} "
+        print(f"  {c.name:16s} {med[c.name] * 1e3:10.3f} {np.percentile(t, 90) / med[c.name]:8.2f} "
               f"{med[c.name] / med[best]:9.2f}x {c.compile_s:10.1f}")
     for c in cs:
         if c.note:
@@ -381,7 +406,8 @@ def main(argv=None) -> None:
                     default=list(all_workloads))
     ap.add_argument("--explore-budget", type=float, default=60.0,
                     help="seconds `policy='explore'` may spend measuring, per workload")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["explore", "torch.compile"])
+    ap.add_argument("--skip", nargs="*", default=[],
+                    choices=["explore", "torch.compile", "jax-state"])
     args = ap.parse_args(argv)
     print(f"{os.cpu_count()} CPUs; Adam lr {LR}; a fresh benchmark store per workload")
     with tempfile.TemporaryDirectory() as tmp:
