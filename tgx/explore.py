@@ -36,6 +36,7 @@ import msgpack
 import numpy as np
 
 from .core import Graph
+from .devices import aligned_copy
 from .errors import TgxError
 from .graph import structural_hash
 from .lowering.lower import lower_assignment
@@ -203,8 +204,11 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
         return 0
     options = options or PlanOptions()
     env_id = env_id or store.environment_id()
-    args = list(random_inputs([(list(concrete_shape(v.aval.shape, dims)), v.aval.dtype.name)
-                               for v in graph.invars]))
+    # aligned, as a caller's arrays usually are (and `tgx.aligned` makes them): XLA reads an
+    # aligned host array in place and copies an unaligned one on every call, which priced the
+    # 18-layer prefill's jax plan at 1.66 s against the 0.23 s it runs in
+    args = [aligned_copy(a) for a in random_inputs(
+        [(list(concrete_shape(v.aval.shape, dims)), v.aval.dtype.name) for v in graph.invars])]
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         golden = eval_graph_flat(graph, args)
