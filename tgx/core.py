@@ -322,6 +322,25 @@ class Primitive:
         return trace.process_primitive(self, args, Params(params))
 
 
+def free_inputs(eqns: Sequence[Eqn]) -> list[Var]:
+    """The variables `eqns` read but do not define, in order of first use: the inputs of a
+    region cut out of a graph (fuse, the fuse stage, a lowered region).
+
+    >>> import tgx, tgx.numpy as tnp
+    >>> g = tgx.make_graph(lambda x, y: tnp.exp(x) * y)(tgx.Spec((2,)), tgx.Spec((2,)))
+    >>> exp_x = g.eqns[0].outvars[0]
+    >>> free_inputs(g.eqns) == list(g.invars), free_inputs(g.eqns[1:]) == [exp_x, g.invars[1]]
+    (True, True)
+    """
+    defined = {v.id for e in eqns for v in e.outvars}
+    out: dict[int, Var] = {}
+    for e in eqns:
+        for x in e.invars:
+            if isinstance(x, Var) and x.id not in defined and x.id not in out:
+                out[x.id] = x
+    return list(out.values())
+
+
 def primitive_by_name(name: str) -> Primitive:
     """The primitive registered as `name` (`import tgx` registers every family); a
     `TgxError` naming it when there is none."""

@@ -25,7 +25,7 @@ import numpy as np
 import sympy
 
 from ..backends import get_backend, host_name
-from ..core import Graph, Literal, Var
+from ..core import Graph, Literal, Var, free_inputs
 from ..devices import HOST, device_name
 from ..plan import Instructions, Plan
 from ..planning.assignment import Assignment
@@ -405,13 +405,7 @@ def _region_instruction(graph, eqns, kernels, backend, members, slot_of, through
     """One compiled call of `backend` over the equations `members` of the schedule; an input
     in `through` (a copy's result -> the host value copied) is read as the host value."""
     region = [eqns[m] for m in members]
-    defined = {v.id for e in region for v in e.outvars}
-    in_vars, seen = [], set()
-    for e in region:
-        for a in e.invars:
-            if isinstance(a, Var) and a.id not in defined and a.id not in seen:
-                seen.add(a.id)
-                in_vars.append(a)
+    in_vars = free_inputs(region)
     end = members[-1] + 1
     later = {a.id for e in eqns[end:] for a in e.invars if isinstance(a, Var)}
     later |= {v.id for v in graph.outvars if isinstance(v, Var)}

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from ..backends import numba_codegen, triton_codegen
 from ..backends.numba_codegen import HAVE_NUMBA
 from ..backends.region_ir import analyze_eqns
-from ..core import Eqn, Graph, Var
+from ..core import Eqn, Graph, Var, free_inputs
 from ..transforms.decompose import decompose, decomposition_graph
 from ..transforms.fuse import REDUCTIONS, ROW_COMPOSITES, fuse
 from ..transforms.rewrite import eval_into, transform_graph
@@ -85,13 +85,7 @@ def _acceptor(graph: Graph):
 
     def accept(eqns: Sequence[Eqn]) -> bool:
         inside = {id(e) for e in eqns}
-        defined = {v.id for e in eqns for v in e.outvars}
-        invars, seen = [], set()
-        for e in eqns:
-            for x in e.invars:
-                if isinstance(x, Var) and x.id not in defined and x.id not in seen:
-                    seen.add(x.id)
-                    invars.append(x)
+        invars = free_inputs(eqns)
         outvars = [v for e in eqns for v in e.outvars
                    if v.id in outs or any(u not in inside for u in users.get(v.id, ()))]
         flat = [atomic(e) for e in eqns]

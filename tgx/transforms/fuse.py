@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..core import Eqn, Graph, Literal, Var
+from ..core import Eqn, Graph, Literal, Var, free_inputs
 from ..graph.canonical import priority_toposort
 from ..primitives import fused as _fused  # noqa: F401 - registers the `fused` primitive
 from ..primitives.fused import fused_p
@@ -140,14 +140,8 @@ def _regions(graph: Graph, rows: bool = False,
 def _body(graph: Graph, members: list[int], used_outside: set[int]) -> tuple[Graph, list, list]:
     """The region as a closed graph: its inputs, outputs (outer atoms) and the body."""
     eqns = [graph.eqns[i] for i in sorted(members)]
-    defined = {v.id for e in eqns for v in e.outvars}
-    env: dict[int, Var] = {}
-    inputs: list = []
-    for e in eqns:
-        for x in e.invars:
-            if isinstance(x, Var) and x.id not in defined and x.id not in env:
-                env[x.id] = Var(x.aval)
-                inputs.append(x)
+    inputs = free_inputs(eqns)
+    env: dict[int, Var] = {x.id: Var(x.aval) for x in inputs}
     body_in = [env[x.id] for x in inputs]
     new_eqns = []
     for e in eqns:
