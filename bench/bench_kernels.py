@@ -183,12 +183,18 @@ def contenders(name, spec, rows):
         "torch eager": lambda: t_fn(*targs),
         "jax.jit": lambda: jax.block_until_ready(jitted(*jargs)),
     }
+    return _checked(name, out, np_fn, args)
+
+
+def _checked(name, rows: dict, np_fn, args) -> dict:
+    """`rows` after checking every row's result against `np_fn` in float64 (1e-4 of the
+    result's scale)."""
     ref = _as_np(np_fn(*[a.astype(np.float64) for a in args]))
-    for k, f in out.items():
+    for k, f in rows.items():
         got = _as_np(f())
         err = np.abs(got - ref).max() / np.abs(ref).max()
         assert err < 1e-4, f"{name} {k}: error {err:.1e}"
-    return out
+    return rows
 
 
 def _as_np(out):
@@ -315,12 +321,7 @@ def generated_contenders(name, spec, rows):
         "torch eager": lambda: t_fn(*targs),
         "jax.jit": lambda: jax.block_until_ready(jitted(*jargs)),
     })
-    ref = _as_np(np_fn(*[a.astype(np.float64) for a in args]))
-    for k, f in out.items():
-        got = _as_np(f())
-        err = np.abs(got - ref).max() / np.abs(ref).max()
-        assert err < 1e-4, f"{name} {k}: error {err:.1e}"
-    return out
+    return _checked(name, out, np_fn, args)
 
 
 def compile_cost(spec, rows) -> tuple[float, float]:
