@@ -39,14 +39,15 @@ from .core import Graph
 from .devices import aligned_copy
 from .errors import TgxError
 from .graph import structural_hash
+from .graph.repeats import find_repeats, shorten
 from .lowering.lower import lower_assignment
 from .planning import paths as _paths
 from .planning.assignment import Assignment
 from .planning.candidates import accepted_kernels
 from .planning.cost_model import CostModel
 from .planning.heuristic import heuristic_assignment
-from .planning.options import PlanOptions
-from .planning.recipes import assignment_digest, graph_keys, record_recipe
+from .planning.options import PlanOptions, replace
+from .planning.recipes import assignment_digest, graph_keys, measured_plans, record_recipe
 from .planning.selection import realize, select
 from .profiling import input_descriptors, measure, profile
 from .profiling.pending import profile_kernel, random_inputs
@@ -65,6 +66,19 @@ FAR = 1.5
 #: plans measured within this fraction of the fastest get extra passes (see
 #: `measure_assignments`)
 CLOSE = 0.15
+#: a graph of identical blocks has its whole plans raced with this many blocks
+#: (`tgx.graph.repeats`); two, so that a mixed plan's boundary between blocks is timed
+SHORT_BLOCKS = 2
+#: the plans timed on the shortened graph that are timed again on the whole graph, which
+#: chooses among them: the fastest on each set of backends within this fraction of the
+#: fastest of all, at most `CONFIRM_PLANS`. Variants on one set of backends differ in
+#: kernels whose cost grows with the blocks alike; plans on other libraries may not (the
+#: 18-layer decode's NumPy and jax plans were 1.00x / 1.03x with two layers, 1.00x / 1.34x
+#: with all: the head, a third of the short graph's time, runs faster on jax)
+CONFIRM = 0.15
+CONFIRM_PLANS = 3
+#: passes per plan when the shortened graph has already raced them (`CONFIRM`)
+CONFIRM_ROUNDS = 2
 
 
 # -- kernels -----------------------------------------------------------------------------------
@@ -142,16 +156,19 @@ def explore_kernels(graph: Graph, backends, store, cost_model, dims, budget_s: f
 # -- whole plans -------------------------------------------------------------------------------
 
 def candidate_assignments(graph: Graph, backends: Sequence[str], cost_model, dims: Mapping,
-                          options: PlanOptions | None = None) -> dict[str, Assignment]:
+                          options: PlanOptions | None = None,
+                          labels: set[str] | None = None) -> dict[str, Assignment]:
     """{label: Assignment} worth measuring as a whole: the heuristic plan, each
     single-backend plan, and the best predicted plan on every set of `backends` (one
     backend included: there the selection takes the measured pattern kernels and generated
-    loops the heuristic leaves out); duplicates dropped."""
+    loops the heuristic leaves out); duplicates dropped; `labels`: only those."""
     options = options or PlanOptions()
     out: dict[str, Assignment] = {}
     seen: set = set()
 
     def add(label, make):
+        if labels is not None and label not in labels:
+            return
         try:
             a = make()
         except TgxError:  # e.g. no kernel for some equation on these backends
@@ -178,7 +195,8 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
                         dims: Mapping, options: PlanOptions | None = None, *,
                         budget_s: float = 0.2, rounds: int = 3, spin_up_s: float = 0.1,
                         env_id: str | None = None, time_limit_s: float | None = None,
-                        progress: bool | None = False, traced: str | None = None) -> int:
+                        progress: bool | None = False, traced: str | None = None,
+                        close: bool = True) -> int:
     """Time each assignment of {label: Assignment}, lowered with `options` exactly as
     `tgx.compile` lowers it (bound weights, state buffers), on random inputs at `dims`
     (checked against the reference evaluator) and record a GRAPH_RECIPE trace with the
@@ -189,7 +207,8 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
     all; each pass first runs the plan for `spin_up_s` untimed, then times it, and a plan's
     figure is the median of its pass medians; after each pass a plan `FAR` slower than
     the fastest (both at their best pass) gets no further passes, and plans within `CLOSE`
-    of the fastest then get twice as many passes again, to tell them apart (fewer passes
+    of the fastest then get twice as many passes again (unless not `close`), to tell them
+    apart (fewer passes
     for long calls were tried and reverted: on a loaded machine 3 passes chose the 18-layer
     prefill's NumPy plan, 1.13x the jax plan, where 6 had chosen right). The spin-up is
     what makes passes comparable: thread pools outlive the call that started them (OpenBLAS
@@ -274,9 +293,9 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
     if passes:
         med = {impl: statistics.median(t.median_s for t in ts) for impl, ts in passes.items()}
         best = min(med.values())
-        close = [impl for impl, m in med.items() if m <= best * (1 + CLOSE)]
-        if len(close) > 1:
-            race(close, 2 * rounds)
+        near = [impl for impl, m in med.items() if m <= best * (1 + CLOSE)]
+        if len(near) > 1 and close:
+            race(near, 2 * rounds)
     for impl, ts in passes.items():
         med = [t.median_s for t in ts]
         mid = statistics.median(med)
@@ -302,15 +321,60 @@ def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
     goes to stderr on a terminal (`$TGX_PROGRESS=1/0` forces it on/off). `traced`: the key
     of the graph as traced (`recipes.traced_key`), under which plans are recorded too."""
     start, budget = time.monotonic(), options.explore_budget
+
+    def left():
+        return None if budget is None else max(0.0, budget - (time.monotonic() - start))
+
     cm = CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)
     explore_kernels(graph, backends, store, cm, dims, progress=None,
                     time_limit_s=None if budget is None else budget / 2)
     # with what was just measured
     cm = CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)
-    left = None if budget is None else max(0.0, budget - (time.monotonic() - start))
-    measure_assignments(graph, candidate_assignments(graph, backends, cm, dims, options),
-                        store, dims, options, env_id=cm.env_id, time_limit_s=left,
-                        progress=None, traced=traced)
+    labels = _race_shortened(graph, options, store, backends, dims, cm, left())
+    # after a race on the shortened graph the few left are close: the whole graph confirms
+    # its choice in fewer passes (its calls cost the most)
+    measure_assignments(graph, candidate_assignments(graph, backends, cm, dims, options,
+                                                     labels),
+                        store, dims, options, env_id=cm.env_id, time_limit_s=left(),
+                        progress=None, traced=traced,
+                        **({} if labels is None else {"rounds": CONFIRM_ROUNDS, "close": False}))
+
+
+def _race_shortened(graph: Graph, options: PlanOptions, store, backends, dims, cm,
+                    time_limit_s: float | None) -> set[str] | None:
+    """For a graph of identical blocks in a row (decoder layers, `tgx.graph.repeats`): the
+    labels of the candidate plans worth timing on the whole graph, found by timing them all
+    on the graph with `SHORT_BLOCKS` blocks (those within `CONFIRM` of its fastest); None
+    when the graph has no such run (time every candidate on the whole graph).
+
+    An 18-layer prefill's candidates cost ~0.5 s per pass each and ~2 s of XLA compilation
+    per jax plan; with two layers, a tenth. The ranking carries over because the blocks are
+    the same work: what differs between the plans is how each block and each boundary
+    between blocks runs, and the shortened graph has both."""
+    r = find_repeats(graph)
+    if r is None or r.count <= SHORT_BLOCKS:
+        return None
+    short = shorten(graph, r, SHORT_BLOCKS)
+    sopts = replace(options, weights=short.inputs(options.weights),
+                    state=short.pairs(options.state),
+                    in_names=None if options.in_names is None else tuple(
+                        options.in_names[i] for i in short.invars))
+    sg = short.graph
+    measure_assignments(sg, candidate_assignments(sg, backends, cm, dims, sopts), store, dims,
+                        sopts, env_id=cm.env_id, time_limit_s=time_limit_s, progress=None)
+    ranked = measured_plans(sg, backends, store, dims, cm.env_id, sopts, nearest=False)
+    if not ranked:
+        return None
+    # see CONFIRM
+    labels, seen = set(), set()
+    for m in ranked:
+        if m.median_s > ranked[0].median_s * (1 + CONFIRM) or len(labels) == CONFIRM_PLANS:
+            break
+        on = store.get_implementation(m.impl)["backend"]
+        if on not in seen:
+            labels.add(m.label)
+            seen.add(on)
+    return labels
 
 
 def _single(outs: list):

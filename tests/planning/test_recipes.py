@@ -286,3 +286,63 @@ print("torch" in sys.modules, float(y[0]))
     imported, y0 = out[1].split()
     assert imported == "False"
     assert float(y0) == pytest.approx(float(ref(np.float32([-2.0]))[0]), rel=1e-5)
+
+
+# -- a stack of identical layers: raced shortened, confirmed whole ------------------------------
+
+def test_explore_races_a_stack_of_layers_shortened_and_confirms_on_the_whole(store,
+                                                                          monkeypatch):
+    """The candidates are raced on the graph with two layers (`tgx.graph.repeats`), and
+    only the few it ranks first are timed on the whole graph, with the weights and state
+    buffers of the kept layers bound as `tgx.compile` binds them."""
+    n, d = 5, 8
+
+    def net(ws, x, ss):
+        new = []
+        for w, s in zip(ws, ss):
+            x = x + tnp.tanh(x @ w) * 0.5
+            new.append(s * 0.5 + x.sum())
+        return tnp.exp(x).sum(axis=-1), new
+
+    raced = []
+    measure = explore.measure_assignments
+
+    def spy(graph, assignments, *args, **kw):
+        raced.append((len(graph.eqns), len(graph.invars), set(assignments)))
+        return measure(graph, assignments, *args, **kw)
+
+    monkeypatch.setattr(explore, "measure_assignments", spy)
+    rng = np.random.default_rng(0)
+    ws = [rng.standard_normal((d, d)).astype(np.float32) * 0.3 for _ in range(n)]
+    x = rng.standard_normal((4, d)).astype(np.float32)
+
+    def fresh():
+        return [np.ones(2, np.float32) for _ in range(n)]
+
+    def want(ss):
+        h = x.astype(np.float64)
+        out = []
+        for w, s in zip(ws, ss):
+            h = h + np.tanh(h @ w) * 0.5
+            out.append(s * 0.5 + h.sum())
+        return np.exp(h).sum(axis=-1), out
+
+    c = tgx.compile(net, policy="explore", backends=BACKENDS, store=store, weights="ws",
+                    state="ss")
+    ss = fresh()
+    y, _ = c(ws, x, ss)
+    y_ref, s_ref = want(fresh())
+    np.testing.assert_allclose(y, y_ref, rtol=1e-5)
+    for s, r in zip(ss, s_ref):
+        np.testing.assert_allclose(s, r, rtol=1e-5)
+    (short_eqns, short_ins, short_labels), (whole_eqns, whole_ins, whole_labels) = raced
+    # (fusion merges the last layer into the epilogue: two blocks and it are kept)
+    assert short_eqns < whole_eqns and short_ins < whole_ins == 1 + 2 * n
+    assert 1 <= len(whole_labels) <= explore.CONFIRM_PLANS
+    assert whole_labels <= short_labels
+    # FASTEST runs the whole graph's plan that was measured
+    f2 = tgx.compile(net, policy="fastest", backends=BACKENDS, store=store, weights="ws",
+                     state="ss")
+    ss = fresh()
+    np.testing.assert_allclose(f2(ws, x, ss)[0], y_ref, rtol=1e-5)
+    assert "measured plan" in f2.lower(ws, x, fresh()).policy
