@@ -42,14 +42,27 @@ def section(title: str) -> None:
     print(f"\n== {title}")
 
 
-def best_time(fn, repeats: int = 7) -> float:
-    fn()  # warm-up (jit compilation, allocator)
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
+def interleaved_times(rows, rounds: int = 9, calls: int = 5) -> list[tuple[str, float, float]]:
+    """(name, median, spread) per row: `rounds` rounds in a rotating order, each row one
+    untimed call (its library's thread pools and caches settle) then `calls` timed ones;
+    the median of all timed calls, and the spread of the round medians (max - min over
+    median), so that no row is measured only while another's pools were spinning."""
+    per = {name: [] for name, _ in rows}
+    for r in range(rounds):
+        for name, fn in rows[r % len(rows):] + rows[:r % len(rows)]:
+            fn()
+            ts = []
+            for _ in range(calls):
+                t = time.perf_counter()
+                fn()
+                ts.append(time.perf_counter() - t)
+            per[name].append(ts)
+    out = []
+    for name, _ in rows:
+        mids = [float(np.median(ts)) for ts in per[name]]
+        med = float(np.median([t for ts in per[name] for t in ts]))
+        out.append((name, med, (max(mids) - min(mids)) / med))
+    return out
 
 
 def decoder_block(cfg: G.Config):
@@ -169,7 +182,8 @@ def main(argv=None) -> None:
         print(f"  {measured} of {len(plan.estimates)} figures measured, the rest from the "
               f"cost model")
 
-    section(f"Time per prefill at S={s0} (median)")
+    section(f"Time per prefill at S={s0} (median of 45 calls in 9 interleaved rounds, "
+            f"± half the spread of the round medians)")
     tokens = token_sets[s0]
     rows = [("tgx FASTEST", lambda: fastest(params, tokens))]
     for b in BACKENDS:
@@ -192,11 +206,14 @@ def main(argv=None) -> None:
 
     rows += [("PyTorch eager", torch_eager),
              ("jax.jit", lambda: jitted(jp, jt).block_until_ready())]
-    times = [(name, best_time(fn)) for name, fn in rows]
+    for _, fn in rows:
+        fn()  # first calls (jit compilation) before timing
+    times = interleaved_times(rows)
     base = times[0][1]
-    for name, t in times:
-        print(f"  {name:20s} {t * 1e3:8.2f} ms   {t / base:5.2f}x tgx FASTEST")
-    peer, t_peer = min(times[1:], key=lambda nt: nt[1])
+    for name, t, spread in times:
+        print(f"  {name:20s} {t * 1e3:8.2f} ms ±{spread * 50:3.0f}%   "
+              f"{t / base:5.2f}x tgx FASTEST")
+    peer, t_peer, _ = min(times[1:], key=lambda nt: nt[1])
     verdict = ("faster than" if base < t_peer * 0.98 else
                "on par with" if base <= t_peer * 1.02 else "slower than")
     print(f"  => tgx FASTEST is {verdict} the best alternative here ({peer}): "
