@@ -360,8 +360,11 @@ def _race_shortened(graph: Graph, options: PlanOptions, store, backends, dims, c
                     in_names=None if options.in_names is None else tuple(
                         options.in_names[i] for i in short.invars))
     sg = short.graph
+    # three passes each, no extra passes for the close ones: those on other backends are all
+    # timed again whole, and variants on one set of backends differ by little
     measure_assignments(sg, candidate_assignments(sg, backends, cm, dims, sopts), store, dims,
-                        sopts, env_id=cm.env_id, time_limit_s=time_limit_s, progress=None)
+                        sopts, env_id=cm.env_id, time_limit_s=time_limit_s, progress=None,
+                        close=False)
     ranked = measured_plans(sg, backends, store, dims, cm.env_id, sopts, nearest=False)
     if not ranked:
         return None

@@ -402,6 +402,10 @@ def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0, *,
 
 #: untimed calls before timing a kernel with a thread pool of its own (see `kernel_job`)
 OWN_POOL_WARMUP_S = 0.03
+#: untimed calls before timing a kernel in a sweep: its accuracy check has just run it once
+#: (compiled it, touched its inputs), so one more is enough (three were ~2 s of an 18-layer
+#: prefill's 17 s sweep)
+SWEEP_WARMUP = 1
 #: Operands at least this large are timed cold: in a model each layer reads its own weights,
 #: which a loop over one copy would keep in the cache (a 2048x640 float32 GEMV: 37 µs hot,
 #: ~230 µs streamed from memory, as decode runs it).
@@ -555,7 +559,7 @@ def _profile_job(job, store, ghash, impl, wkey, env_id, budget_s):
         return profile(job["fn"], job["args"], golden=job["golden"], dtype=job["dtype"],
                        atol=job["atol"], rtol=job.get("rtol"), store=store, graph_hash=ghash,
                        impl=impl, workload=wkey, env_id=env_id, sync=job["sync"],
-                       budget_s=budget_s,
+                       budget_s=budget_s, warmup=SWEEP_WARMUP,
                        **({"warmup_s": job["warmup_s"]} if "warmup_s" in job else {}))
 
 
