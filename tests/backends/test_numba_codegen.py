@@ -309,6 +309,12 @@ def test_kernel_cache_on_disk_is_reused_and_a_broken_one_is_not_in_the_way(tmp_p
     monkeypatch.setenv("TGX_KERNEL_CACHE", str(tmp_path / "file" / "kernels"))
     monkeypatch.setattr(C, "_KERNELS", {})
     np.testing.assert_allclose(C.generated_kernel(eqn).fn(x), want, rtol=1e-6)
+    # switched off: compiled in memory, nothing written anywhere
+    monkeypatch.setenv("TGX_KERNEL_CACHE", "off")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(C, "_KERNELS", {})
+    np.testing.assert_allclose(C.generated_kernel(eqn).fn(x), want, rtol=1e-6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "kernels"]
 
 
 SECOND_PROCESS = textwrap.dedent("""

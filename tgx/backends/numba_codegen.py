@@ -10,10 +10,11 @@ memory (and tgx an instruction) per op, the loop makes one per stage. `fused[num
 serial loops; `fused[numba-parallel]` (registered here, `parallel_checker`) the same loops
 with row blocks spread over numba's threads, for regions large enough.
 
-The source is written to the kernel cache (`$TGX_KERNEL_CACHE`, default `~/.cache/tgx/kernels`)
-as `fused_<hash of the source>.py` and compiled with numba's on-disk cache beside it, so a
-second process neither generates nor compiles again, and one structure at other sizes shares
-the machine code. An unwritable cache costs only that: the source is compiled in memory.
+The source is written to the kernel cache (`tgx.backends.kernel_cache`: `$TGX_KERNEL_CACHE`,
+default `~/.cache/tgx/kernels`) as `fused_<hash of the source>.py` and compiled with numba's
+on-disk cache beside it, so a second process neither generates nor compiles again, and one
+structure at other sizes shares the machine code. An unwritable cache (or
+`TGX_KERNEL_CACHE=off`) costs only that: the source is compiled in memory.
 
 Anything the analysis or the op table here does not cover is declined with the reason
 (`unsupported`).
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import os
 import pathlib
 import sys
 
@@ -42,6 +42,7 @@ from ..core import Eqn, Graph, Literal
 from ..errors import Unsupported
 from ..graph.hashing import structural_hash
 from ..shapes import eval_dim, hint_value
+from .kernel_cache import kernel_cache_dir, write_atomic
 from .numba_kernels import HAVE_NUMBA
 from .region_ir import (REDUCTIONS, SOURCE_HASH, Region, analyze, body_of,
                         check_against_float64, run_shapes)
@@ -394,11 +395,6 @@ class _Emitter:
             HELPERS, "", *serial, "", *parallel])
 
 
-def _cache_dir() -> pathlib.Path:
-    return pathlib.Path(os.environ.get("TGX_KERNEL_CACHE")
-                        or pathlib.Path.home() / ".cache" / "tgx" / "kernels")
-
-
 def _in_memory(src: str, fn_name: str) -> dict:
     ns: dict = {}
     exec(compile(src.replace("cache=True", "cache=False"), fn_name, "exec"), ns)
@@ -408,15 +404,15 @@ def _in_memory(src: str, fn_name: str) -> dict:
 def _compile(src: str, fn_name: str) -> dict:
     """The module of the loops: imported from the kernel cache (numba caches the machine code
     beside it), or, if the cache cannot be written, compiled from memory."""
+    d = kernel_cache_dir()
+    if d is None:  # TGX_KERNEL_CACHE=off
+        return _in_memory(src, fn_name)
     try:
-        d = _cache_dir()
         d.mkdir(parents=True, exist_ok=True)
         # named by its content too: two tgx versions sharing the cache never swap sources
         path = d / f"{fn_name}_{hashlib.sha256(src.encode()).hexdigest()[:8]}.py"
         if not path.exists() or path.read_bytes() != src.encode():
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(src)
-            os.replace(tmp, path)       # atomic: a concurrent reader sees all or nothing
+            write_atomic(path, src.encode())  # a concurrent reader sees all or nothing
         name = f"tgx_generated_{fn_name}"
         spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(spec)

@@ -34,9 +34,9 @@ import contextlib
 import functools
 import hashlib
 import importlib.util
-import os
 import pathlib
 import sys
+import tempfile
 
 import numpy as np
 
@@ -47,7 +47,7 @@ from ..primitives.fused import reference_loop
 from ..shapes import eval_dim, hint_value
 from .region_ir import (REDUCTIONS, SOURCE_HASH, Region, analyze, body_of,
                         check_against_float64, run_shapes)
-from .numba_codegen import _cache_dir
+from .kernel_cache import kernel_cache_dir, write_atomic
 from .registry import Kernel, add_kernel
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
@@ -192,17 +192,21 @@ def _emit(r: Region, fn_name: str) -> str:
                       f"def {fn_name}({', '.join(args)}, BLOCK: tl.constexpr):", *lines, ""])
 
 
+@functools.cache
+def _private_dir() -> pathlib.Path:
+    """Where this process writes its Triton sources under ``TGX_KERNEL_CACHE=off``."""
+    return pathlib.Path(tempfile.mkdtemp(prefix="tgx-kernels-"))
+
+
 def _import(src: str, fn_name: str, interpret: bool):
     """The kernel: its source imported from a file (Triton reads a kernel's source), under
     `triton.jit` or, with `interpret`, Triton's interpreter (its module then has its own
     copy, where the reductions are wrapped for the interpreter too)."""
-    d = _cache_dir()        # the numba loops' kernel cache
+    d = kernel_cache_dir() or _private_dir()   # Triton reads the source from a file
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{fn_name}.py"
     if not path.exists() or path.read_bytes() != src.encode():
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(src)
-        os.replace(tmp, path)       # atomic: a concurrent reader sees all or nothing
+        write_atomic(path, src.encode())  # a concurrent reader sees all or nothing
     name = f"tgx_generated_{fn_name}" + ("_interpreted" if interpret else "")
     spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
