@@ -7,7 +7,8 @@ left as it was (a process-wide `jax_enable_x64` would turn the user's `jnp.arang
 int64 after the first compile).
 
 A connected region of equations assigned to jax is lowered as one `jax.jit` callable by
-`tgx.lowering.lower` (XLA fuses it); these per-primitive kernels are its building blocks.
+`tgx.lowering.lower` (XLA fuses it); these per-primitive kernels are its building blocks. A
+large region's XLA executable is kept on disk for the next process (`xla_cache`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .. import primitives  # noqa: F401 - registers the atomic primitives
 from ..core import PRIMITIVES, Literal
 from ..devices import Device
 from ..primitives import transfer  # noqa: F401 - registers copy_to
-from . import composites
+from . import composites, xla_cache
 from .base import Backend
 from .registry import _KERNELS, Kernel, add_kernel, register_kernel
 
@@ -310,9 +311,12 @@ class JaxBackend(Backend):
                     env[v.id] = o
             return tuple(env[i] for i in out_ids)
 
-        call = x64(jax.jit(run))
-        donating = functools.cache(lambda argnums: x64(jax.jit(run, donate_argnums=argnums)))
-        call.donating = donating  # the same region taking over the arguments at `argnums`
+        # the executable may come from the disk cache (`xla_cache`): described once, lazily
+        description = functools.cache(lambda: xla_cache.describe(steps, in_ids, out_ids))
+        call = xla_cache.persistent(run, description)
+        # the same region taking over the arguments at `argnums`
+        call.donating = functools.cache(
+            lambda argnums: xla_cache.persistent(run, description, argnums))
         return call
 
 
