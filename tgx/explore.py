@@ -196,7 +196,7 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
                         budget_s: float = 0.2, rounds: int = 3, spin_up_s: float = 0.1,
                         env_id: str | None = None, time_limit_s: float | None = None,
                         progress: bool | None = False, traced: str | None = None,
-                        close: bool = True) -> int:
+                        close: bool = True, min_plans: int = 0) -> int:
     """Time each assignment of {label: Assignment}, lowered with `options` exactly as
     `tgx.compile` lowers it (bound weights, state buffers), on random inputs at `dims`
     (checked against the reference evaluator) and record a GRAPH_RECIPE trace with the
@@ -216,9 +216,9 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
     would pay for it, while a plan run in a loop pays only for its own pools.
 
     `time_limit_s`: no further plan is lowered and checked once this much time has passed
-    (those measured so far are still timed and recorded); `progress`: a bar on stderr (None:
-    on a terminal); `traced`: the key of the graph as traced (`recipes.traced_key`), under
-    which each trace is recorded too."""
+    (those measured so far are still timed and recorded), after the first `min_plans`;
+    `progress`: a bar on stderr (None: on a terminal); `traced`: the key of the graph as
+    traced (`recipes.traced_key`), under which each trace is recorded too."""
     if not assignments:
         return 0
     options = options or PlanOptions()
@@ -245,8 +245,9 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
     runs: dict[str, object] = {}
     start = time.monotonic()
     bar = Progress(len(assignments), enabled=progress)
-    for label, a in assignments.items():
-        if time_limit_s is not None and time.monotonic() - start >= time_limit_s:
+    for n, (label, a) in enumerate(assignments.items()):
+        if (time_limit_s is not None and n >= min_plans
+                and time.monotonic() - start >= time_limit_s):
             break
         bar.update(f"whole plan {label}")
         impl = record_recipe(store, graph, a, dims, options, label)
@@ -330,22 +331,28 @@ def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
                     time_limit_s=None if budget is None else budget / 2)
     # with what was just measured
     cm = CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)
-    labels = _race_shortened(graph, options, store, backends, dims, cm, left())
-    # after a race on the shortened graph the few left are close: the whole graph confirms
-    # its choice in fewer passes (its calls cost the most)
-    measure_assignments(graph, candidate_assignments(graph, backends, cm, dims, options,
-                                                     labels),
-                        store, dims, options, env_id=cm.env_id, time_limit_s=left(),
-                        progress=None, traced=traced,
-                        **({} if labels is None else {"rounds": CONFIRM_ROUNDS, "close": False}))
+    # the shortened race gets half of what is left, so that the whole graph has time too
+    limit = left()
+    labels = _race_shortened(graph, options, store, backends, dims, cm,
+                             None if limit is None else limit / 2)
+    cands = candidate_assignments(graph, backends, cm, dims, options,
+                                  None if labels is None else set(labels))
+    confirm = {}
+    if labels is not None:
+        # the few left are close: the whole graph confirms the choice in fewer passes (its
+        # calls cost the most), the shortened race's winner first and whatever the budget
+        cands = {label: cands[label] for label in labels if label in cands}
+        confirm = {"rounds": CONFIRM_ROUNDS, "close": False, "min_plans": 1}
+    measure_assignments(graph, cands, store, dims, options, env_id=cm.env_id,
+                        time_limit_s=left(), progress=None, traced=traced, **confirm)
 
 
 def _race_shortened(graph: Graph, options: PlanOptions, store, backends, dims, cm,
-                    time_limit_s: float | None) -> set[str] | None:
+                    time_limit_s: float | None) -> list[str] | None:
     """For a graph of identical blocks in a row (decoder layers, `tgx.graph.repeats`): the
-    labels of the candidate plans worth timing on the whole graph, found by timing them all
-    on the graph with `SHORT_BLOCKS` blocks (those within `CONFIRM` of its fastest); None
-    when the graph has no such run (time every candidate on the whole graph).
+    labels of the candidate plans worth timing on the whole graph, fastest first, found by
+    timing them all on the graph with `SHORT_BLOCKS` blocks (see `CONFIRM`); None when the
+    graph has no such run (time every candidate on the whole graph).
 
     An 18-layer prefill's candidates cost ~0.5 s per pass each and ~2 s of XLA compilation
     per jax plan; with two layers, a tenth. The ranking carries over because the blocks are
@@ -369,13 +376,13 @@ def _race_shortened(graph: Graph, options: PlanOptions, store, backends, dims, c
     if not ranked:
         return None
     # see CONFIRM
-    labels, seen = set(), set()
+    labels, seen = [], set()
     for m in ranked:
         if m.median_s > ranked[0].median_s * (1 + CONFIRM) or len(labels) == CONFIRM_PLANS:
             break
         on = store.get_implementation(m.impl)["backend"]
         if on not in seen:
-            labels.add(m.label)
+            labels.append(m.label)
             seen.add(on)
     return labels
 
