@@ -133,3 +133,53 @@ def test_shorten_refuses_a_bad_count():
     with pytest.raises(OptionError, match="keeps 1 to 4"):
         shorten(traced(4, False), r, 0)
     assert Repeats(2, 3, 4).block(1) is None and Repeats(2, 3, 4).block(5) == 1
+
+
+# a block made of ops hypothesis picks: (name, tgx op, NumPy op) on (x, the block's weight)
+OPS = [("add_w", lambda x, w: x + w[0], lambda x, w: x + w[0]),
+       ("mul_tanh", lambda x, w: x * tnp.tanh(w[1]), lambda x, w: x * np.tanh(w[1])),
+       ("matmul", lambda x, w: x @ w * 0.3, lambda x, w: x @ w * 0.3),
+       ("sin", lambda x, w: tnp.sin(x), lambda x, w: np.sin(x)),
+       ("norm", lambda x, w: x / tnp.sqrt((x * x).mean(axis=-1, keepdims=True) + 1.0),
+        lambda x, w: x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + 1.0)),
+       ("residual", lambda x, w: x + tnp.exp(-x * x), lambda x, w: x + np.exp(-x * x))]
+
+
+@settings(max_examples=30, deadline=None)
+@given(ops=st.permutations(range(len(OPS))).flatmap(
+           lambda p: st.integers(1, 4).map(lambda k: sorted(p[:k], key=lambda i: i != 2)
+                                           if 2 in p[:k] else [2, *p[:k - 1]])),
+       n=st.integers(3, 6), keep=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_any_stack_shortened_is_the_stack_with_fewer_blocks(ops, n, keep, seed):
+    """Whatever a layer is made of (distinct ops, one of them reading the layer's weight):
+    the run found covers all layers but perhaps one at an end (its phase may start inside a
+    layer when the prologue ends as a layer does), and the shortened graph computes the
+    model with the layers whose weights it kept, in order."""
+    def net(ws, x):
+        x = x * 1.5
+        for w in ws:
+            for i in ops:
+                x = OPS[i][1](x, w)
+        return (x * x).sum(axis=-1)
+
+    def net_np(ws, x):
+        x = x.astype(np.float64) * 1.5
+        for w in ws:
+            for i in ops:
+                x = OPS[i][2](x, w.astype(np.float64))
+        return (x * x).sum(axis=-1)
+
+    g = tgx.make_graph(net)([tgx.Spec((D, D))] * n, tgx.Spec((4, D)))
+    r = find_repeats(g)
+    assert r is not None and n - 1 <= r.count <= n
+    keep = min(keep, r.count)
+    short = shorten(g, r, keep)
+    rng = np.random.default_rng(seed)
+    ws = [rng.standard_normal((D, D)).astype(np.float32) for _ in range(n)]
+    x = rng.standard_normal((4, D)).astype(np.float32)
+    out = eval_graph_flat(short.graph, [([*ws, x])[i] for i in short.invars])[0]
+    kept = [ws[i] for i in short.invars if i < n]
+    assert keep <= len(kept) <= n - r.count + keep + 1
+    if keep < r.count:
+        assert len(short.graph.eqns) < len(g.eqns)
+    np.testing.assert_allclose(out, net_np(kept, x), rtol=1e-4, atol=1e-4)
