@@ -193,6 +193,37 @@ def test_default_tolerances_per_dtype():
     assert not accuracy(np.float64([1 + 1e-8] * 4), ref).passed  # f64 rtol 1e-9
     assert not accuracy(np.int32([1, 1, 1, 2]), ref).passed  # ints: exact
 
+
+@pytest.mark.parametrize("chunk", [3, 64, 1 << 15])
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
+def test_errors_compared_in_chunks_are_those_of_the_whole_arrays(monkeypatch, chunk, dtype):
+    """`accuracy` compares large outputs a chunk at a time: the figures and the worst element
+    it reports are those computed over the whole arrays at once."""
+    import sys
+
+    monkeypatch.setattr(sys.modules["tgx.profiling.accuracy"], "CHUNK", chunk)
+    rng = np.random.default_rng(chunk)
+    for _ in range(40):
+        n = int(rng.integers(1, 300))
+        g = rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)
+        g[rng.integers(0, n)] = 0.0
+        a = (g * (1 + rng.standard_normal(n) * 10.0 ** rng.integers(-6, -1))).astype(dtype)
+        at, rt = 1e-3, 1e-2
+        got = accuracy(a, g, atol=at, rtol=rt)
+        a64 = a.astype(np.float64)
+        diff = np.abs(a64 - g)
+        big = np.abs(g) > max(at, 1e-3 * np.abs(g).max())
+        ref = np.minimum(np.abs(a64), np.abs(g.astype(dtype).astype(np.float64)))
+        assert got.max_abs_err == diff.max()
+        assert got.max_rel_err == ((diff[big] / np.abs(g[big])).max() if big.any() else 0.0)
+        assert got.ulp_err == (diff / ulp_spacing(ref, dtype)).max()
+        over = diff > at + rt * np.abs(g)
+        assert got.passed == (not over.any())
+        if over.any():
+            j = int(np.argmax(diff - (at + rt * np.abs(g))))
+            assert f"{int(over.sum())} elements outside" in got.message
+            assert f"worst got {a64[j]!r} expected {g[j]!r}" in got.message
+
 # ---------------------------------------------------------------- statuses
 
 

@@ -148,6 +148,48 @@ def _max_ulps(diff: np.ndarray, a64: np.ndarray, g64: np.ndarray, dtype: Any) ->
     return float((diff[near] / ulp_spacing(ref[near], dtype)).max())
 
 
+#: elements compared at a time: the float64 temporaries of a chunk stay in the cache (a
+#: Gemma head's 4M logits compared whole: 0.13 s; in chunks: see `_compare`)
+CHUNK = 1 << 15
+
+
+def _all_finite(a: np.ndarray) -> bool:
+    try:
+        return bool(np.isfinite(a).all())
+    except TypeError:  # a dtype without the ufunc
+        return bool(np.isfinite(a.astype(np.float64)).all())
+
+
+def _compare(a: np.ndarray, g64: np.ndarray, dtype: Any, at: float, rt: float) -> tuple:
+    """(max |a - g|, max relative error where |g| is above the floor, max ULPs, the number
+    of elements outside ``at + rt * |g|``, (actual, golden) of the worst of them) for 1-D
+    finite arrays, `CHUNK` elements at a time."""
+    floor = max(at, REL_FLOOR * float(np.abs(g64).max()))
+    m_abs = m_rel = m_ulp = 0.0
+    over, worst, worst_by = 0, None, -np.inf
+    for s in range(0, a.size, CHUNK):
+        a64, g = a[s:s + CHUNK].astype(np.float64), g64[s:s + CHUNK]
+        diff = a64 - g
+        np.abs(diff, out=diff)
+        absg = np.abs(g)
+        m_abs = max(m_abs, float(diff.max()))
+        big = absg > floor
+        if big.any():
+            m_rel = max(m_rel, float((diff[big] / absg[big]).max()))
+        m_ulp = max(m_ulp, _max_ulps(diff, a64, g, dtype))
+        limit = absg
+        limit *= rt
+        limit += at
+        outside = diff > limit
+        if outside.any():
+            over += int(outside.sum())
+            excess = diff - limit
+            j = int(np.argmax(excess))
+            if excess[j] > worst_by:  # the first of equals, as one argmax over all would
+                worst_by, worst = excess[j], (a64[j], g[j])
+    return m_abs, m_rel, m_ulp, over, worst
+
+
 def accuracy(actual: Any, golden: Any, dtype: Any = None, *, atol: float | None = None,
              rtol: float | None = None) -> Accuracy:
     """Compare `actual` (an array or a tuple/list/dict of arrays, NumPy, torch or JAX) with
@@ -185,8 +227,9 @@ def accuracy(actual: Any, golden: Any, dtype: Any = None, *, atol: float | None 
         name = _dtype_name(dt)
         at = DEFAULT_ATOL.get(name, 1e-6) if atol is None else atol
         rt = DEFAULT_RTOL.get(name, 1e-4) if rtol is None else rtol
-        a64, g64 = a.astype(np.float64), np.asarray(g, np.float64)
-        if not (np.isfinite(a64).all() and np.isfinite(g64).all()):
+        g64 = np.asarray(g, np.float64)
+        if not (np.isfinite(g64).all() and _all_finite(a)):
+            a64 = a.astype(np.float64)
             fa, fg = np.isfinite(a64), np.isfinite(g64)
             bad = (fa != fg) | (~fa & ~fg & ~((a64 == g64) | (np.isnan(a64) & np.isnan(g64))))
             if bad.any():
@@ -195,26 +238,15 @@ def accuracy(actual: Any, golden: Any, dtype: Any = None, *, atol: float | None 
                                 f"output {i}: {int(bad.sum())} non-finite mismatches, first "
                                 f"at {where}: got {a64[where]}, expected {g64[where]}")
             both = fa & fg
-            a64, g64 = a64[both], g64[both]
-        else:  # the usual case, without masked copies (a Gemma head's 4M outputs: ~0.25 s)
-            a64, g64 = a64.ravel(), g64.ravel()
-        if a64.size == 0:
+            a, g64 = a64[both], g64[both]
+        else:  # the usual case, without masked copies
+            a, g64 = a.ravel(), g64.ravel()
+        if a.size == 0:
             continue
-        diff = a64 - g64
-        np.abs(diff, out=diff)
-        absg = np.abs(g64)
-        max_abs = max(max_abs, float(diff.max()))
-        big = absg > max(at, REL_FLOOR * float(absg.max()))
-        if big.any():
-            max_rel = max(max_rel, float((diff[big] / absg[big]).max()))
-        max_ulp = max(max_ulp, _max_ulps(diff, a64, g64, dt))
-        limit = absg
-        limit *= rt
-        limit += at
-        over = diff > limit
-        if over.any():
-            j = int(np.argmax(diff - limit))
-            failures.append(f"output {i} ({name}): {int(over.sum())} elements outside "
-                            f"atol={at:g} rtol={rt:g}, worst got {a64[j]!r} expected {g64[j]!r}")
+        m_abs, m_rel, m_ulp, over, worst = _compare(a, g64, dt, at, rt)
+        max_abs, max_rel, max_ulp = max(max_abs, m_abs), max(max_rel, m_rel), max(max_ulp, m_ulp)
+        if over:
+            failures.append(f"output {i} ({name}): {over} elements outside atol={at:g} "
+                            f"rtol={rt:g}, worst got {worst[0]!r} expected {worst[1]!r}")
     status = Status.INCORRECT_NUMERICAL if failures else Status.PASSED
     return Accuracy(status, max_abs, max_rel, max_ulp, False, "; ".join(failures))
