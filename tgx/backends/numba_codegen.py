@@ -161,39 +161,27 @@ def reduce_sum(w, n, s):
     for c in range(n):
         s += w[c]
     return s
+"""
 
-
+#: max and min over a row, eight accumulators wide (a NaN anywhere makes the result NaN, as
+#: NumPy's); the one template for both
+_EXTREMUM = """
 @numba.njit(cache=True, error_model='numpy')
-def reduce_max(w, n, s):
+def reduce_{op}(w, n, s):
     a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = s
     for c0 in range(0, n - n % 8, 8):
-        a0 = max(a0, w[c0]); a1 = max(a1, w[c0 + 1]); a2 = max(a2, w[c0 + 2])
-        a3 = max(a3, w[c0 + 3]); a4 = max(a4, w[c0 + 4]); a5 = max(a5, w[c0 + 5])
-        a6 = max(a6, w[c0 + 6]); a7 = max(a7, w[c0 + 7])
+        a0 = {op}(a0, w[c0]); a1 = {op}(a1, w[c0 + 1]); a2 = {op}(a2, w[c0 + 2])
+        a3 = {op}(a3, w[c0 + 3]); a4 = {op}(a4, w[c0 + 4]); a5 = {op}(a5, w[c0 + 5])
+        a6 = {op}(a6, w[c0 + 6]); a7 = {op}(a7, w[c0 + 7])
     for c in range(n - n % 8, n):
-        a0 = max(a0, w[c])
+        a0 = {op}(a0, w[c])
     nans = 0
     for c in range(n):
         nans += w[c] != w[c]
-    s = max(max(max(a0, a1), max(a2, a3)), max(max(a4, a5), max(a6, a7)))
-    return s if nans == 0 else s * np.nan
-
-
-@numba.njit(cache=True, error_model='numpy')
-def reduce_min(w, n, s):
-    a0 = a1 = a2 = a3 = a4 = a5 = a6 = a7 = s
-    for c0 in range(0, n - n % 8, 8):
-        a0 = min(a0, w[c0]); a1 = min(a1, w[c0 + 1]); a2 = min(a2, w[c0 + 2])
-        a3 = min(a3, w[c0 + 3]); a4 = min(a4, w[c0 + 4]); a5 = min(a5, w[c0 + 5])
-        a6 = min(a6, w[c0 + 6]); a7 = min(a7, w[c0 + 7])
-    for c in range(n - n % 8, n):
-        a0 = min(a0, w[c])
-    nans = 0
-    for c in range(n):
-        nans += w[c] != w[c]
-    s = min(min(min(a0, a1), min(a2, a3)), min(min(a4, a5), min(a6, a7)))
+    s = {op}({op}({op}(a0, a1), {op}(a2, a3)), {op}({op}(a4, a5), {op}(a6, a7)))
     return s if nans == 0 else s * np.nan
 """
+HELPERS += "".join(_EXTREMUM.format(op=op) for op in ("max", "min"))
 
 
 def _body(eqn: Eqn) -> Graph:
