@@ -333,8 +333,14 @@ def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
     cm = CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)
     # the shortened race gets half of what is left, so that the whole graph has time too
     limit = left()
-    labels = _race_shortened(graph, options, store, backends, dims, cm,
-                             None if limit is None else limit / 2)
+    try:
+        labels = _race_shortened(graph, options, store, backends, dims, cm,
+                                 None if limit is None else limit / 2)
+    except Exception as e:  # noqa: BLE001 - a shortcut that fails: time every plan whole
+        warnings.warn(f"explore: racing the plans on the graph with fewer repeated blocks "
+                      f"failed ({type(e).__name__}: {e}); every plan is timed whole",
+                      stacklevel=2)
+        labels = None
     cands = candidate_assignments(graph, backends, cm, dims, options,
                                   None if labels is None else set(labels))
     confirm = {}

@@ -346,3 +346,26 @@ def test_explore_races_a_stack_of_layers_shortened_and_confirms_on_the_whole(sto
     ss = fresh()
     np.testing.assert_allclose(f2(ws, x, ss)[0], y_ref, rtol=1e-5)
     assert "measured plan" in f2.lower(ws, x, fresh()).policy
+
+
+def test_a_failing_shortened_race_falls_back_to_timing_every_plan_whole(store, monkeypatch):
+    def net(ws, x):
+        for w in ws:
+            x = x + tnp.tanh(x @ w)
+        return x.sum(axis=-1)
+
+    def broken(*args, **kw):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(explore, "shorten", broken)
+    rng = np.random.default_rng(0)
+    ws = [rng.standard_normal((8, 8)).astype(np.float32) * 0.3 for _ in range(4)]
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    with pytest.warns(UserWarning, match="every plan is timed whole.*boom|boom.*every plan"):
+        c = tgx.compile(net, policy="explore", backends=BACKENDS, store=store, weights="ws")
+        y = c(ws, x)
+    h = x.astype(np.float64)
+    for w in ws:
+        h = h + np.tanh(h @ w)
+    np.testing.assert_allclose(y, h.sum(axis=-1), rtol=1e-5)
+    assert "measured plan" in c.lower(ws, x).policy
