@@ -110,6 +110,7 @@ class CostModel:
         self._impl: dict = {}
         self._measured: dict = {}
         self._decomposed: dict = {}  # (primitive, params, avals) -> its decomposition
+        self._parts: dict = {}       # ... and backend, fusion, binding -> its parts' seconds
         if store is not None and len(store):
             self._load_calibration()
 
@@ -273,6 +274,11 @@ class CostModel:
         without per-call overheads; `in_region`: as a fusing backend runs it (loop-fusible
         parts cost their arithmetic only)."""
         key = (eqn.primitive.name, eqn.params, tuple(a.aval for a in eqn.invars))
+        # memoized: a path search prices each composite many times
+        memo = (key, backend, in_region, tuple(sorted((str(k), v) for k, v in dims.items())))
+        hit = self._parts.get(memo)
+        if hit is not None:
+            return hit
         graph = self._decomposed.get(key)
         if graph is None:
             graph = self._decomposed[key] = decomposition_graph(eqn)
@@ -284,6 +290,7 @@ class CostModel:
             else:
                 moves = not (in_region and is_loop_fusible(e))
                 total += self.roofline(e, backend, dims, moves_bytes=moves).seconds - ovh
+        self._parts[memo] = total
         return total
 
     def roofline(self, eqn, backend, dims, moves_bytes: bool = True) -> Estimate:
