@@ -32,6 +32,7 @@ import numpy as np
 
 from ..core import Graph, Literal, check_graph
 from ..errors import OptionError
+from ..transforms.simplify import dead_code_elimination
 from .hashing import _Encoder, literal_key
 
 
@@ -102,6 +103,7 @@ def find_repeats(graph: Graph, min_count: int = 3) -> Repeats | None:
     the same order and with the same data flow (see the module doc)."""
     sigs = _signatures(graph)
     n = len(sigs)
+    where = {v.id: i for i, e in enumerate(graph.eqns) for v in e.outvars}  # var -> producer
     found = []
     for length in range(1, n // min_count + 1):
         run, start = _longest_run(sigs[:-length] == sigs[length:])
@@ -114,22 +116,19 @@ def find_repeats(graph: Graph, min_count: int = 3) -> Repeats | None:
                               Repeats(start + front * length, length, count - fewer)))
     found.sort(key=lambda f: f[:3], reverse=True)
     for *_, r in found:
-        if _flows_alike(graph, r):
+        if _flows_alike(graph, r, where):
             return r
     return None
 
 
-def _flows_alike(graph: Graph, r: Repeats) -> bool:
+def _flows_alike(graph: Graph, r: Repeats, where: dict[int, int]) -> bool:
     """Blocks 1.. read their predecessor as block 1 reads block 0, and what follows the run
-    reads only the last block (values before the run may be read by anyone)."""
-    where: dict[int, int] = {}  # var id -> producing equation
-    for i, e in enumerate(graph.eqns):
-        for v in e.outvars:
-            where[v.id] = i
+    reads only the last block (values before the run may be read by anyone); `where`: the
+    equation producing each variable."""
 
     def ref(i: int, x) -> tuple | None:
-        """How equation i of a block reads x: (blocks back, position), or None (from
-        before the run, an input, a constant or a literal)."""
+        """How equation i of a block reads x: (blocks back, position in its block, which
+        output), or None (from before the run, an input, a constant or a literal)."""
         if isinstance(x, Literal) or x.id not in where:
             return None
         b = r.block(where[x.id])
@@ -192,19 +191,12 @@ def shorten(graph: Graph, r: Repeats, keep: int = 2) -> Shortened:
         if isinstance(v, Literal) or v.id in made:
             outs.append(j)
             outvars.append(v)
-    # what nothing kept reads: dropped, back to front
-    live = {v.id for v in outvars if not isinstance(v, Literal)}
-    body = []
-    for e in reversed(kept):
-        if any(v.id in live for v in e.outvars):
-            body.append(e)
-            live.update(x.id for x in e.invars if not isinstance(x, Literal))
-    body.reverse()
-    ins = [i for i, v in enumerate(graph.invars) if v.id in live]
-    consts = [(v, c) for v, c in zip(graph.constvars, graph.consts) if v.id in live]
-    short = Graph([v for v, _ in consts], [c for _, c in consts],
-                  [graph.invars[i] for i in ins], outvars, body)
+    # what nothing kept reads goes, and then so do the inputs only that read
+    short = dead_code_elimination(Graph(graph.constvars, graph.consts, graph.invars, outvars,
+                                        kept))
+    read = {x.id for e in short.eqns for x in e.invars if not isinstance(x, Literal)}
+    read |= {v.id for v in outvars if not isinstance(v, Literal)}
+    ins = [i for i, v in enumerate(graph.invars) if v.id in read]
+    short = short.replace(invars=tuple(graph.invars[i] for i in ins))
     check_graph(short)
     return Shortened(short, tuple(ins), tuple(outs))
-
-
