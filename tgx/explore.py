@@ -386,10 +386,9 @@ def _race_shortened(graph: Graph, options: PlanOptions, store, backends, dims, c
     for m in ranked:
         if m.median_s > ranked[0].median_s * (1 + CONFIRM) or len(labels) == CONFIRM_PLANS:
             break
-        on = store.get_implementation(m.impl)["backend"]
-        if on not in seen:
+        if m.backend not in seen:
             labels.append(m.label)
-            seen.add(on)
+            seen.add(m.backend)
     return labels
 
 

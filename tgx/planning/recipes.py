@@ -50,6 +50,8 @@ class MeasuredPlan:
     impl: str
     #: the binding it was measured at (the one asked for, or the nearest measured one)
     dims: dict = field(default_factory=dict)
+    #: the backends it runs on, "+"-joined and sorted ("jax+numpy")
+    backend: str = ""
 
     def assignment(self) -> Assignment:
         """The measured `Assignment` (`SerializationError` when a kernel changed since)."""
@@ -171,7 +173,8 @@ def _measured_at(store, ghash, wkey, env_id, backends, name, axes) -> list[Measu
             continue
         label = (rec.get("requirements") or {}).get("label") or payload_label(rec["payload"]) \
             or rec["backend"]
-        out.append(MeasuredPlan(median, label, rec["payload"], impl, dict(axes)))
+        out.append(MeasuredPlan(median, label, rec["payload"], impl, dict(axes),
+                                rec["backend"]))
     return out
 
 
