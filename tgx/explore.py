@@ -44,7 +44,7 @@ from .lowering.lower import lower_assignment
 from .planning import paths as _paths
 from .planning.assignment import Assignment
 from .planning.candidates import accepted_kernels
-from .planning.cost_model import CostModel
+from .planning.cost_model import CostModel, priced_by_arithmetic
 from .planning.heuristic import heuristic_assignment
 from .planning.options import PlanOptions, replace
 from .planning.recipes import assignment_digest, graph_keys, measured_plans, record_recipe
@@ -76,6 +76,12 @@ SHORT_BLOCKS = 2
 #: 18-layer decode's NumPy and jax plans were 1.00x / 1.03x with two layers, 1.00x / 1.34x
 #: with all: the head, a third of the short graph's time, runs faster on jax)
 CONFIRM = 0.15
+#: passes per plan in the shortened race, and the factor of the fastest beyond which a plan
+#: gets no second pass: only plans within `CONFIRM` of the fastest go on, so one 1.3x
+#: slower at its first pass would need to gain 15% at its second (three passes of every
+#: plan were 6.5 of an 18-layer prefill's 36 s explore)
+SHORT_ROUNDS = 2
+SHORT_FAR = 1.3
 CONFIRM_PLANS = 3
 #: passes per plan when the shortened graph has already raced them (`CONFIRM`)
 CONFIRM_ROUNDS = 2
@@ -101,13 +107,16 @@ def _all_equations(graph: Graph):
 
 def unmeasured(graph: Graph, backends, store, cost_model, dims) -> list[tuple]:
     """(equation, kernel) for every candidate kernel of `graph` and its decompositions that
-    the store has no trace of at `dims` on this machine (lossy kernels too: a later
-    `tolerance=` compile chooses from these figures)."""
+    the store has no trace of at `dims` on this machine, except those the cost model prices
+    without a figure (`priced_by_arithmetic`). Lossy kernels too: a later `tolerance=`
+    compile chooses from these figures."""
     todo = []
     for e in _all_equations(graph):
         ghash, wkey = cost_model.keys(e, dims)
         for b in backends:
             for k in accepted_kernels(e, b):
+                if priced_by_arithmetic(e, k):
+                    continue
                 if not store.measured(ghash, cost_model.impl_key(k), wkey, cost_model.env_id):
                     todo.append((e, k))
     return todo
@@ -196,7 +205,7 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
                         budget_s: float = 0.2, rounds: int = 3, spin_up_s: float = 0.1,
                         env_id: str | None = None, time_limit_s: float | None = None,
                         progress: bool | None = False, traced: str | None = None,
-                        close: bool = True, min_plans: int = 0) -> int:
+                        close: bool = True, min_plans: int = 0, far: float = FAR) -> int:
     """Time each assignment of {label: Assignment}, lowered with `options` exactly as
     `tgx.compile` lowers it (bound weights, state buffers), on random inputs at `dims`
     (checked against the reference evaluator) and record a GRAPH_RECIPE trace with the
@@ -205,8 +214,8 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
 
     Plans are timed round-robin: `rounds` passes in a shuffled order, `budget_s` per plan in
     all; each pass first runs the plan for `spin_up_s` untimed, then times it, and a plan's
-    figure is the median of its pass medians; after each pass a plan `FAR` slower than
-    the fastest (both at their best pass) gets no further passes, and plans within `CLOSE`
+    figure is the median of its pass medians; after each pass a plan `far` times slower
+    than the fastest (both at their best pass) gets no further passes, and plans within `CLOSE`
     of the fastest then get twice as many passes again (unless not `close`), to tell them
     apart (fewer passes
     for long calls were tried and reverted: on a loaded machine 3 passes chose the 18-layer
@@ -275,9 +284,9 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
 
     def race(order: list, n: int) -> None:
         for r in range(n):
-            if r and order:  # a plan FAR slower than the best at its best pass is out
+            if r and order:  # a plan `far` slower than the best at its best pass is out
                 best = min(min(t.median_s for t in passes[i]) for i in order)
-                order = [i for i in order if min(t.median_s for t in passes[i]) <= best * FAR]
+                order = [i for i in order if min(t.median_s for t in passes[i]) <= best * far]
             rnd.shuffle(order)
             for impl in order:
                 with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -373,11 +382,11 @@ def _race_shortened(graph: Graph, options: PlanOptions, store, backends, dims, c
                     in_names=None if options.in_names is None else tuple(
                         options.in_names[i] for i in short.invars))
     sg = short.graph
-    # three passes each, no extra passes for the close ones: those on other backends are all
-    # timed again whole, and variants on one set of backends differ by little
+    # two passes each and no extra passes for the close ones: those on other backends are
+    # all timed again whole, and variants on one set of backends differ by little
     measure_assignments(sg, candidate_assignments(sg, backends, cm, dims, sopts), store, dims,
                         sopts, env_id=cm.env_id, time_limit_s=time_limit_s, progress=None,
-                        close=False)
+                        close=False, rounds=SHORT_ROUNDS, far=SHORT_FAR)
     ranked = measured_plans(sg, backends, store, dims, cm.env_id, sopts, nearest=False)
     if not ranked:
         return None
