@@ -301,3 +301,20 @@ def test_a_gate_kernel_measured_slower_is_left_out(monkeypatch):
     plan = tgx.compile(lambda a, b: tnn.silu(a) * b, backends=["numpy"], store=False).lower(x, x)
     assert all(k.pattern is None for k in plan.kernels)
     np.testing.assert_allclose(plan(x, x), x * sigmoid64(x), rtol=1e-6)
+
+
+def test_pattern_forms_are_traced_on_first_use_not_at_import():
+    # a compile that loads a measured plan matches no pattern: importing the backends must
+    # not trace the library's pattern forms (~0.25 s) nor import scipy (~0.2 s)
+    import subprocess
+    import sys
+
+    code = ("import sys, tgx.backends.numpy_backend, tgx.backends.numba_patterns as p\n"
+            "from tgx.backends.registry import all_kernels\n"
+            "ks = [k for k in all_kernels() if k.name == 'rms_norm_1p']\n"
+            "print(len(ks), p.pattern_forms.cache_info().currsize, 'scipy' in sys.modules)\n"
+            "print(len(ks[0].forms) > 0, p.pattern_forms.cache_info().currsize)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split("\n")
+    assert out[0].split()[1:] == ["0", "False"] and int(out[0].split()[0]) > 0, out
+    assert out[1] == "True 1", out

@@ -49,7 +49,7 @@ from ..graph.pattern import param_wildcards
 from ..primitives.rnn import _chunks
 from .numba_kernels import HAVE_NUMBA, _jit, rms_norm_last, rope_f32
 from .numba_kernels import _rope_checker as _numba_rope_checker
-from .registry import Kernel, add_kernel
+from .registry import Kernel, LazyForms, add_kernel
 
 NAME = "numpy"
 
@@ -432,7 +432,8 @@ def pattern_forms(name: str) -> tuple:
 
 def _register() -> None:
     for name, _, _, kernel, checker in PATTERNS:
-        add_kernel(Kernel(name, NAME, kernel, checker, "numba", pattern=pattern_forms(name)))
+        forms = LazyForms(functools.partial(pattern_forms, name))
+        add_kernel(Kernel(name, NAME, kernel, checker, "numba", pattern=forms))
 
 
 if HAVE_NUMBA:

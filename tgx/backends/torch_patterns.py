@@ -21,7 +21,7 @@ import functools
 import pathlib
 
 from .numba_patterns import _float32, _same_shape, pattern_forms
-from .registry import Kernel, add_kernel
+from .registry import Kernel, LazyForms, add_kernel
 
 NAME = "torch"
 SOURCE = pathlib.Path(__file__).with_name("cuda") / "rms_norm.cu"
@@ -68,4 +68,5 @@ def residual_rms_norm_1p(x, h, w, *, eps):
 for _name, _fn, _checker in (("rms_norm_1p", rms_norm_1p, _float32),
                              ("residual_rms_norm", residual_rms_norm, _same_shape),
                              ("residual_rms_norm_1p", residual_rms_norm_1p, _same_shape)):
-    add_kernel(Kernel(_name, NAME, _fn, _checker, "fused", pattern=pattern_forms(_name)))
+    _forms = LazyForms(functools.partial(pattern_forms, _name))
+    add_kernel(Kernel(_name, NAME, _fn, _checker, "fused", pattern=_forms))
