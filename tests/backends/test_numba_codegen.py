@@ -356,13 +356,21 @@ def test_fuse_stage_in_compile_and_choice_by_measurement(monkeypatch):
     from tgx.planning import fastest
     from tgx.planning.cost_model import CostModel, Estimate
 
+    from tgx.planning import candidates, kernel_patterns
+
     def f(x, y):
         return tnp.maximum((x * 2.0 + y) * y - x, 0.0)
+    checked = []   # loops run against the reference (which compiles them)
+    for mod in (candidates, kernel_patterns):
+        monkeypatch.setattr(mod, "declines", lambda k, e, _d=mod.declines:
+                            checked.append(k.variant) or _d(k, e))
     x = np.random.default_rng(0).standard_normal((8, 8)).astype(np.float32)
     plan = tgx.compile(f, backends=["numpy"], store=None).lower(x, x)
     assert "fused[" in str(plan.stages["fuse"])
-    # unmeasured, the loop is priced as its ops plus a call: op by op wins
+    # unmeasured, the loop is priced as its ops plus a call: op by op wins, and it is not
+    # even compiled (a cold kernel cache made a training step's first compile 48 s)
     assert all(k.name != "fused" for k in plan.kernels)
+    assert "numba" not in checked
 
     class Measured(CostModel):   # as if the store had measured the loop faster
         def kernel(self, eqn, kernel, dims):
@@ -372,6 +380,7 @@ def test_fuse_stage_in_compile_and_choice_by_measurement(monkeypatch):
     monkeypatch.setattr(fastest, "CostModel", lambda *a, **k: Measured())
     plan = tgx.compile(f, backends=["numpy"], store=None).lower(x, x)
     assert [repr(k) for k in plan.kernels] == ["fused[numba]@numpy"]
+    assert "numba" in checked     # measured: checked before it is offered
     x64 = x.astype(np.float64)
     np.testing.assert_allclose(plan(x, x), np.maximum((x64 * 2 + x64) * x64 - x64, 0),
                                rtol=1e-6)

@@ -19,10 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..backends import available_backends, backend_available, unavailable_reason
+from ..backends.numba_codegen import parallel_checker_unverified
 from ..backends.registry import Kernel, kernels_for
 from ..core import Eqn
 from ..shapes import concretize
-from .kernel_patterns import (accepting_pattern_kernels, generated_kernels, is_region,
+from .kernel_patterns import (accepting_pattern_kernels, declines, generated_kernels, is_region,
                               pattern_name)
 
 # Variants in the order the heuristic prefers them: a library's dedicated kernel, then a
@@ -75,8 +76,11 @@ class Candidates(list):
 
 
 def accepted_kernels(eqn: Eqn, backend: str, declined: list | None = None,
-                     dims: dict | None = None) -> list[Kernel]:
-    """The kernels of `backend` that accept `eqn`, best variant first."""
+                     dims: dict | None = None, *, unchecked_loops: bool = False) -> list[Kernel]:
+    """The kernels of `backend` that accept `eqn`, best variant first. A region's generated
+    loop is checked against the region's reference before it is offered (which compiles
+    it); with `unchecked_loops`, it is offered unchecked, for a caller that checks it only
+    if it may choose it (`is_generated`, `tgx.planning.kernel_patterns.declines`)."""
     if not backend_available(backend):
         if declined is not None:
             declined.append((backend, unavailable_reason(backend)))
@@ -91,24 +95,42 @@ def accepted_kernels(eqn: Eqn, backend: str, declined: list | None = None,
     for k in kernels_for(eqn.primitive.name, backend):
         if k.pattern is not None:  # a pattern kernel runs only an occurrence of its pattern
             continue
-        reason = k.check(avals, params)
+        if unchecked_loops and is_generated(k):
+            reason = parallel_checker_unverified(avals, params)
+        else:
+            reason = k.check(avals, params)
         if reason is None:
             out.append(k)
         elif declined is not None:
             declined.append((k, reason))
     out.sort(key=lambda k: VARIANT_RANK.get(k.variant, 3))
     if is_region(eqn):  # a region of elementwise ops: the loop numba generates from it
-        out = generated_kernels(eqn, backend, declined) + out
+        out = generated_kernels(eqn, backend, declined, checked=not unchecked_loops) + out
     return out
 
 
-def candidates(eqn: Eqn, backends: Sequence[str] | None = None) -> Candidates:
+def is_generated(kernel: Kernel) -> bool:
+    """Whether `kernel` runs loops generated from a region (`accepted_kernels`)."""
+    return kernel.name == "fused" and kernel.variant in ("numba", "numba-parallel")
+
+
+def loop_declines(eqn: Eqn, kernel: Kernel) -> str | None:
+    """The check `accepted_kernels(unchecked_loops=True)` left out for generated `kernel`:
+    None when its loops agree with the region's reference, else why not."""
+    if kernel.variant == "numba-parallel":
+        return kernel.check([x.aval for x in eqn.invars], dict(eqn.params))
+    return declines(kernel, eqn)
+
+
+def candidates(eqn: Eqn, backends: Sequence[str] | None = None, *,
+               unchecked_loops: bool = False) -> Candidates:
     """Every way to run `eqn` on `backends` (default: every available backend): each
     backend's accepting kernels (best variant first), then the decomposition; the selection
-    and `tgx.paths` choose among exactly these."""
+    and `tgx.paths` choose among exactly these (`unchecked_loops`: see `accepted_kernels`)."""
     backends = list(backends) if backends is not None else available_backends()
     declined: list = []
-    out = [Candidate("kernel", b, k) for b in backends for k in accepted_kernels(eqn, b, declined)]
+    out = [Candidate("kernel", b, k) for b in backends
+           for k in accepted_kernels(eqn, b, declined, unchecked_loops=unchecked_loops)]
     if eqn.primitive.decomposition is not None:
         out.append(Candidate("decomposition"))
     return Candidates(out, declined)

@@ -120,7 +120,9 @@ def flag_pending(store, cost_model: CostModel, assignment: Assignment, backends=
             continue
         ghash, wkey = cost_model.keys(e, dims)
         desc["axes"] = cost_model.workload(e, dims)[1]
-        todo = [k] + [c for b in backends for c in accepted_kernels(e, b) if c != k]
+        # (generated loops unchecked: the profiler checks what it measures)
+        todo = [k] + [c for b in backends for c in accepted_kernels(e, b, unchecked_loops=True)
+                      if c != k]
         for c in todo:
             ikey = cost_model.impl_key(c)
             if c is not k and store.measured(ghash, ikey, wkey, cost_model.env_id):

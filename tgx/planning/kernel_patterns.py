@@ -264,13 +264,18 @@ def accepting_pattern_kernels(eqn: Eqn, backend: str, declined: list | None = No
     return out
 
 
-def generated_kernels(eqn: Eqn, backend: str, declined: list | None = None) -> list:
+def generated_kernels(eqn: Eqn, backend: str, declined: list | None = None,
+                      checked: bool = True) -> list:
     """For a region of `tgx.fuse` (the fuse stage): the kernel numba generates from its body
-    on the NumPy backend (`tgx.backends.numba_codegen`), checked like a pattern kernel."""
+    on the NumPy backend (`tgx.backends.numba_codegen`), checked like a pattern kernel
+    (unless not `checked`: the check compiles it)."""
     if backend != "numpy":
         return []
     k = generated_kernel(eqn)
-    reason = (unsupported(eqn) or "numba is not installed") if k is None else declines(k, eqn)
+    if k is None:
+        reason = unsupported(eqn) or "numba is not installed"
+    else:
+        reason = declines(k, eqn) if checked else None
     if reason is None:
         return [k]
     if declined is not None:
