@@ -36,7 +36,6 @@ import msgpack
 import numpy as np
 
 from .core import Graph
-from .devices import aligned_copy
 from .errors import TgxError
 from .graph import structural_hash
 from .graph.repeats import find_repeats, shorten
@@ -215,12 +214,13 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
                         budget_s: float = 0.2, rounds: int = 3, spin_up_s: float = 0.1,
                         env_id: str | None = None, time_limit_s: float | None = None,
                         progress: bool | None = False, traced: str | None = None,
-                        close: bool = True, min_plans: int = 0, far: float = FAR) -> int:
+                        close: bool = True, min_plans: int = 0, far: float = FAR,
+                        inputs: Sequence | None = None) -> int:
     """Time each assignment of {label: Assignment}, lowered with `options` exactly as
     `tgx.compile` lowers it (bound weights, state buffers), on random inputs at `dims`
     (checked against the reference evaluator) and record a GRAPH_RECIPE trace with the
     assignment as its payload; returns how many were measured (plans already measured at
-    `dims` are skipped).
+    `dims` are skipped). `inputs`: the arrays to run them on (default: random ones).
 
     Plans are timed round-robin: `rounds` passes in a shuffled order, `budget_s` per plan in
     all; each pass first runs the plan for `spin_up_s` untimed, then times it, and a plan's
@@ -242,11 +242,7 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
         return 0
     options = options or PlanOptions()
     env_id = env_id or store.environment_id()
-    # aligned, as a caller's arrays usually are (and `tgx.aligned` makes them): XLA reads an
-    # aligned host array in place and copies an unaligned one on every call, which priced the
-    # 18-layer prefill's jax plan at 1.66 s against the 0.23 s it runs in
-    args = [aligned_copy(a) for a in random_inputs(
-        [(list(concrete_shape(v.aval.shape, dims)), v.aval.dtype.name) for v in graph.invars])]
+    args = list(random_plan_inputs(graph, dims) if inputs is None else inputs)
     with np.errstate(all="ignore"), warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         golden = eval_graph_flat(graph, args)
@@ -352,9 +348,10 @@ def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
     cm = CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)
     # the shortened race gets half of what is left, so that the whole graph has time too
     limit = left()
+    args = random_plan_inputs(graph, dims)
     try:
         labels = _race_shortened(graph, options, store, backends, dims, cm,
-                                 None if limit is None else limit / 2)
+                                 None if limit is None else limit / 2, args)
     except Exception as e:  # noqa: BLE001 - a shortcut that fails: time every plan whole
         warnings.warn(f"explore: racing the plans on the graph with fewer repeated blocks "
                       f"failed ({type(e).__name__}: {e}); every plan is timed whole",
@@ -369,11 +366,21 @@ def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
         cands = {label: cands[label] for label in labels if label in cands}
         confirm = {"rounds": CONFIRM_ROUNDS, "close": False, "min_plans": 1}
     measure_assignments(graph, cands, store, dims, options, env_id=cm.env_id,
-                        time_limit_s=left(), progress=None, traced=traced, **confirm)
+                        time_limit_s=left(), progress=None, traced=traced, inputs=args,
+                        **confirm)
+
+
+def random_plan_inputs(graph: Graph, dims: Mapping) -> tuple:
+    """Random arrays for `graph`'s inputs at `dims`, aligned as a caller's arrays usually are
+    (and `tgx.aligned` makes them): XLA reads an aligned host array in place and copies an
+    unaligned one on every call, which priced the 18-layer prefill's jax plan at 1.66 s
+    against the 0.23 s it runs in."""
+    return random_inputs([(list(concrete_shape(v.aval.shape, dims)), v.aval.dtype.name)
+                          for v in graph.invars], aligned=True)
 
 
 def _race_shortened(graph: Graph, options: PlanOptions, store, backends, dims, cm,
-                    time_limit_s: float | None) -> list[str] | None:
+                    time_limit_s: float | None, args: Sequence) -> list[str] | None:
     """For a graph of identical blocks in a row (decoder layers, `tgx.graph.repeats`): the
     labels of the candidate plans worth timing on the whole graph, fastest first, found by
     timing them all on the graph with `SHORT_BLOCKS` blocks (see `CONFIRM`); None when the
@@ -382,7 +389,8 @@ def _race_shortened(graph: Graph, options: PlanOptions, store, backends, dims, c
     An 18-layer prefill's candidates cost ~0.5 s per pass each and ~2 s of XLA compilation
     per jax plan; with two layers, a tenth. The ranking carries over because the blocks are
     the same work: what differs between the plans is how each block and each boundary
-    between blocks runs, and the shortened graph has both."""
+    between blocks runs, and the shortened graph has both. `args`: the whole graph's inputs,
+    of which the shortened graph runs on its own (its state copied)."""
     r = find_repeats(graph)
     if r is None or r.count <= SHORT_BLOCKS:
         return None
@@ -392,11 +400,14 @@ def _race_shortened(graph: Graph, options: PlanOptions, store, backends, dims, c
                     in_names=None if options.in_names is None else tuple(
                         options.in_names[i] for i in short.invars))
     sg = short.graph
+    state = {i for i, _ in options.state}
+    # (drawing inputs again was ~0.7 s of an 18-layer prefill's explore: weights are shared)
+    sargs = [args[i].copy() if i in state else args[i] for i in short.invars]
     # two passes each and no extra passes for the close ones: those on other backends are
     # all timed again whole, and variants on one set of backends differ by little
     measure_assignments(sg, candidate_assignments(sg, backends, cm, dims, sopts), store, dims,
                         sopts, env_id=cm.env_id, time_limit_s=time_limit_s, progress=None,
-                        close=False, rounds=SHORT_ROUNDS, far=SHORT_FAR)
+                        close=False, rounds=SHORT_ROUNDS, far=SHORT_FAR, inputs=sargs)
     ranked = measured_plans(sg, backends, store, dims, cm.env_id, sopts, nearest=False)
     if not ranked:
         return None
