@@ -247,6 +247,24 @@ def test_what_is_declined():
     assert C.unsupported(g.eqns[0]) is None
 
 
+def test_a_generated_loop_that_misses_its_tolerance_is_declined_without_a_warning(
+        monkeypatch):
+    # the user cannot act on it; the reason is what `plan.explain()` shows
+    import warnings
+
+    from tgx.planning import kernel_patterns
+
+    eqn = tgx.fuse(tgx.make_graph(lambda x: tnp.exp(x) * 2.0 - 1.0)(S((4, 8)))).eqns[0]
+    k = C.generated_kernel(eqn)
+    monkeypatch.setattr(kernel_patterns, "verify_kernel", lambda k, e: "differs (planted)")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kernel_patterns.declines(k, eqn) == "differs (planted)"
+        declined = []
+        assert kernel_patterns.generated_kernels(eqn, "numpy", declined) == []
+    assert declined == [("generated numba loop", "differs (planted)")]
+
+
 def test_fuse_stage_forms_row_regions_where_the_loops_apply():
     # softmax and RMSNorm, decomposed: one region each, reductions included
     for f, specs in ((lambda s: tnn.softmax(s, axis=-1), [S((2, 4, 8))]),
