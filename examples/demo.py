@@ -36,6 +36,8 @@ from tgx.store import environment_id, sniff_environment  # noqa: E402
 
 BACKENDS = ["numpy", "torch", "jax"]
 LENGTHS = (64, 16)   # prefill lengths: the first binds the plan, the second reuses it
+#: partial plans the path ranking may expand for the block's best (~10K per second here)
+RANK_EXPANSIONS = 50_000
 
 
 def section(title: str) -> None:
@@ -143,11 +145,20 @@ def main(argv=None) -> None:
           f"decompositions, pattern kernels, transfers)")
     block = decoder_block(cfg)
     layer0 = params["model"]["layers"][0]
-    bpaths = tgx.paths(block)(layer0, tgx.Spec(("S", cfg.hidden_size)), backends=BACKENDS,
-                              store=store, dims=dims)
-    print(f"one decoder block: {bpaths.count():.3e} valid plans; the best predicted at "
-          f"S={s0} (the ranking's A* takes seconds per path on a freshly profiled store):")
-    for i, p in enumerate(itertools.islice(bpaths.ranked(), 1)):
+    spec = tgx.Spec(("S", cfg.hidden_size))
+    bpaths = tgx.paths(block)(layer0, spec, backends=BACKENDS, store=store, dims=dims)
+    # ranked among the plans that keep each op whole: the exact search over decompositions
+    # too expands hundreds of thousands of partial plans that predict about the same time
+    # (36 s on a freshly profiled store, 2026-11-24; docs/paths.md)
+    whole = tgx.paths(block)(layer0, spec, backends=BACKENDS, store=store, dims=dims,
+                             decompose=False)
+    print(f"one decoder block: {bpaths.count():.3e} valid plans, {whole.count():.3e} with "
+          f"each op kept whole; the best predicted of those at S={s0}:")
+    found = list(itertools.islice(whole.ranked(max_expansions=RANK_EXPANSIONS), 1))
+    if not found:
+        print(f"  (not found within {RANK_EXPANSIONS:,} steps of the ranking's exact search: "
+              f"many partial plans predict about the same time here; docs/paths.md)")
+    for i, p in enumerate(found):
         per = collections.Counter(s.option.backend for s in p.steps if s.option.backend)
         src = collections.Counter(s.estimate.source for s in p.steps)
         print(f"  #{i + 1}: {p.cost * 1e6:7.1f} us predicted, {len(p.steps)} kernels "

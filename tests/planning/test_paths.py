@@ -91,6 +91,15 @@ def test_ranked_is_ordered_and_optimal(ops, seed):
     assert costs == pytest.approx(brute[:20])  # the k best, exactly
 
 
+def test_ranked_stops_after_max_expansions():
+    g = tgx.make_graph(lambda x: tnp.exp(tnn.softmax(x, axis=-1)))(S((4, 8)))
+    ps = Paths(g, backends=["numpy"], cost_model=PlantedCosts(7))
+    assert list(ps.ranked(max_expansions=1)) == []
+    full = [p.cost for p in ps.ranked(distinct=False)]
+    # a limit that is not reached changes nothing
+    assert [p.cost for p in ps.ranked(distinct=False, max_expansions=10**6)] == full
+
+
 def test_ranked_with_decompositions_matches_brute_force():
     g = tgx.make_graph(lambda x: tnp.exp(tnn.softmax(x, axis=-1)))(S((4, 8)))
     ps = Paths(g, backends=["numpy"], cost_model=PlantedCosts(7))
