@@ -392,8 +392,11 @@ class _Selector:
         return a
 
     def _pair_moves(self, a: list[str]) -> bool:
-        """Move a producer and one consumer together (escapes single-move local optima where
-        moving either alone would add a transfer)."""
+        """Move a producer and one consumer together to one backend (escapes single-move
+        local optima where moving either alone would add a transfer). Moves to two
+        backends, 2/3 of the pairs tried with three backends, changed no plan of
+        bench_train.py's steps or the Gemma model and were 40% of a training step's
+        selection (2026-11-24)."""
         changed = False
         for i, e in enumerate(self.graph.eqns):
             for v in e.outvars:
@@ -411,11 +414,11 @@ class _Selector:
                                 + self.S(a, (i, i + 1, j, j + 1)))
                     cur = (a[i], a[j])
                     best, best_c = cur, local(*cur)
-                    for bi in self.opts[i]:
-                        for bj in self.opts[j]:
-                            c = local(bi, bj)
+                    for b in self.opts[i]:
+                        if b in self.opts[j]:
+                            c = local(b, b)
                             if c < best_c - 1e-15:
-                                best, best_c = (bi, bj), c
+                                best, best_c = (b, b), c
                     a[i], a[j] = best
                     changed |= best != cur
         return changed
