@@ -76,6 +76,22 @@ def test_the_kernel_cache_lives_beside_the_default_store(monkeypatch, tmp_path):
     assert kernel_cache_dir() is None and X.cache_dir() is None
 
 
+def test_tests_do_not_write_into_the_users_kernel_cache():
+    # conftest.py points the run at a temporary cache (inherited by xdist's workers and by
+    # the subprocesses tests start)
+    from tgx.backends.kernel_cache import kernel_cache_dir
+
+    user = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                        "tgx", "kernels")
+    assert kernel_cache_dir() is not None and str(kernel_cache_dir()) != user
+    if "TGX_TEST_KERNEL_CACHE" not in os.environ:
+        assert os.path.basename(str(kernel_cache_dir())).startswith("tgx-test-kernels-")
+    code = "from tgx.backends.kernel_cache import kernel_cache_dir; print(kernel_cache_dir())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == str(kernel_cache_dir())
+
+
 # ----------------------------------------------------------------- in one process
 
 
