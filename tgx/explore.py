@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 import msgpack
 import numpy as np
 
+from .backends import get_backend
 from .core import Graph
 from .errors import TgxError
 from .graph import structural_hash
@@ -283,8 +284,7 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
                                  graph_hash=ghash, impl=impl, workload=wkey, env_id=env_id,
                                  timed=False)
         if recs[impl]["status"] == "PASSED":
-            # timed as it runs: state buffers updated in place call after call
-            runs[impl] = (lambda *xs, run=plan.compiled.run_flat: run(list(xs)))
+            runs[impl] = _as_called(plan, args, options)
     passes: dict[str, list] = {impl: [] for impl in runs}
     rnd = random.Random(0)
 
@@ -300,7 +300,8 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
                     # the spin-up is time, not a count of calls: three warm-up calls of a
                     # 0.25 s prefill were 0.75 s per pass, most of an 18-layer explore
                     passes[impl].append(measure(runs[impl], args, budget_s=budget_s / rounds,
-                                                warmup=1, warmup_s=spin_up_s))
+                                                warmup=1, warmup_s=spin_up_s,
+                                                sync=options.args_on))
 
     bar.close()
     race(list(runs), rounds)
@@ -368,6 +369,26 @@ def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
     measure_assignments(graph, cands, store, dims, options, env_id=cm.env_id,
                         time_limit_s=left(), progress=None, traced=traced, inputs=args,
                         **confirm)
+
+
+def _as_called(plan, args: list, options: PlanOptions):
+    """`plan` to time as `tgx.compile` calls it: on NumPy arrays, state buffers updated in
+    place call after call; on `options.args_on`'s arrays (converted once), the state donated
+    and the new state passed to the next call, results left in that library's format."""
+    run = plan.compiled.run_flat
+    on = options.args_on
+    if on is None:
+        return lambda *xs: run(list(xs))
+    convert = get_backend(on).convert
+    state = {i for i, _ in options.state}
+    carry = [convert(np.array(a, copy=True) if i in state else a) for i, a in enumerate(args)]
+
+    def call(*_):
+        outs = run(carry, donate=True, out_backend=on)
+        for i, o in options.state:
+            carry[i] = outs[o]
+        return outs
+    return call
 
 
 def random_plan_inputs(graph: Graph, dims: Mapping) -> tuple:

@@ -190,8 +190,8 @@ class Compiled:
             shape[ax] = self._constrained.get(sym, sym)
         return Spec(tuple(shape), a.dtype)
 
-    def _plan(self, tree, avals, names, leaves=None) -> Plan:
-        key = (tree, avals)
+    def _plan(self, tree, avals, names, leaves=None, args_on: str | None = None) -> Plan:
+        key = (tree, avals, args_on)
         plan = self._plans.get(key)
         if plan is None:
             graph = trace_to_graph(self.fn, tree_unflatten(tree, list(avals)))
@@ -207,7 +207,8 @@ class Compiled:
             state = _state_pairs(graph, self._state_leaves.get(tree, ()),
                                  getattr(self.fn, "__name__", "the function"))
             options = replace(self.options, in_names=names, dims=dims,
-                              weights=self._weight_leaves.get(tree, ()), state=state)
+                              weights=self._weight_leaves.get(tree, ()), state=state,
+                              args_on=args_on)
             plan = plan_graph(graph, options)
             # lossy kernels stay only if the whole plan's error on these arguments is
             # within the tolerance (tgx.precision)
@@ -227,8 +228,8 @@ class Compiled:
         if self.static:
             inner, dyn = self._with_static(args, kwargs)
             return inner.lower(**dyn)
-        _, tree, avals, names = self._abstract(args, kwargs)
-        return self._plan(tree, avals, names)
+        leaves, tree, avals, names = self._abstract(args, kwargs)
+        return self._plan(tree, avals, names, args_on=_args_on(leaves))
 
     def _with_static(self, args, kwargs) -> tuple:
         """(the compiled function for these static values, the other arguments by name)."""
@@ -273,13 +274,15 @@ class Compiled:
                 return fast(leaves)
         leaves, tree = tree_flatten((args, kwargs))
         try:  # a concrete signature seen before, that no guard serves
-            key = (tree, tuple((x.shape, x.dtype) for x in leaves))
+            key = (tree, tuple((type(x), x.shape, x.dtype) for x in leaves))
             plan = self._fast.get(key)
         except AttributeError:  # Python scalars among the leaves
             key, plan = None, None
         if plan is None:
             leaves, tree, avals, names = self._abstract(args, kwargs)
-            plan = self._plans.get((tree, avals)) or self._plan(tree, avals, names, leaves)
+            on = _args_on(leaves)
+            plan = self._plans.get((tree, avals, on)) or self._plan(tree, avals, names, leaves,
+                                                                    on)
             if key is not None:
                 self._fast[key] = plan
         else:
@@ -495,6 +498,19 @@ def _as_tuple(x) -> tuple:
 
 
 _WARNED_GRAD: set = set()
+
+
+def _args_on(leaves: list) -> str | None:
+    """The backend whose CPU arrays the caller passed (None: NumPy's, a mix, Specs or a
+    device): measured plans are keyed by it (`recipes.recipe_name`)."""
+    owners = {backend_of(x) for x in leaves if type(x) not in _HOST_TYPES}
+    owners.discard(None)
+    if len(owners) != 1:
+        return None
+    (owner,) = owners
+    first = next(x for x in leaves if backend_of(x) is owner)
+    device = str(getattr(first, "device", "cpu"))
+    return owner.name if device.startswith(("cpu", "TFRT_CPU", "CpuDevice")) else None
 
 
 def _like_inputs(leaves: list, out: Any, fname: str) -> Any:

@@ -147,5 +147,6 @@ def select(graph: Graph, options: PlanOptions, backends, traced: str | None = No
     dims = options.binding or hint_binding(graph.in_avals)
     options = replace(options, store=store, dims=dims)
     if options.policy == "explore" and store is not None:
+        # (plans are timed on arrays of the library the caller's are: `options.args_on`)
         explore(graph, options, store, backends, dims, traced)
     return fastest_assignment(graph, options, store, flag=options.policy == "fastest")

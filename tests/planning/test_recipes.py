@@ -154,6 +154,45 @@ def test_explore_measures_the_shortlist_once_and_fastest_uses_it(store):
     assert f"measured plan {found[0].label}" in c.lower(tgx.Spec(("N",))).policy
 
 
+def test_plans_are_measured_on_the_callers_kind_of_arrays(store, tmp_path):
+    """A NumPy plan called with jax arrays converts them on every call (the small MLP's
+    training step: 0.98 ms so, 0.15 ms on the jax plan): whole plans are measured, and
+    found, for the kind of arrays the caller passes."""
+    jnp = pytest.importorskip("jax.numpy")
+    c = tgx.compile(f, policy="explore", backends=BACKENDS, store=store)
+    x = np.linspace(-2, 1, 32).astype(np.float32)
+    np.testing.assert_allclose(c(x), ref(x), rtol=1e-5)
+    assert "measured plan" in c.lower(x).policy
+    xj = jnp.asarray(x)
+    on_jax = tgx.compile(f, backends=BACKENDS, store=store).lower(xj)
+    assert on_jax.options.args_on == "jax" and "measured plan" not in on_jax.policy
+    assert recipes.recipe_name(on_jax.options).endswith("+args-on-jax")
+    # explored with jax arrays: measured so, and found for jax arrays
+    c = tgx.compile(f, policy="explore", backends=BACKENDS, store=store)
+    out = c(xj)
+    assert type(out) is type(xj)
+    np.testing.assert_allclose(np.asarray(out), ref(x), rtol=1e-5)
+    again = tgx.compile(f, backends=BACKENDS, store=store)
+    assert "measured plan" in again.lower(xj).policy
+    assert "measured plan" in again.lower(x).policy
+
+
+def test_a_state_explored_on_jax_arrays_is_timed_donated(store):
+    jnp = pytest.importorskip("jax.numpy")
+
+    def step(w, x):
+        return (w * x).sum(), w - 0.1 * x
+    c = tgx.compile(step, policy="explore", backends=BACKENDS, store=store, state="w")
+    w = jnp.ones(16, jnp.float32)
+    x = jnp.asarray(np.linspace(0, 1, 16).astype(np.float32))
+    loss, w2 = c(w, x)
+    np.testing.assert_allclose(float(loss), float(np.linspace(0, 1, 16).sum()), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(w2), 1 - 0.1 * np.linspace(0, 1, 16), rtol=1e-6)
+    fresh = jnp.ones(16, jnp.float32)
+    assert "measured plan" in tgx.compile(step, backends=BACKENDS, store=store,
+                                          state="w").lower(fresh, x).policy
+
+
 def test_an_unmeasured_binding_uses_the_nearest_measured_one(store):
     g = seen(f)
     fast = heuristic_assignment(g, [BACKENDS[-1]])

@@ -48,8 +48,10 @@ def fastest_assignment(graph: Graph, options: PlanOptions, store, *,
     measured = _fastest_measured(graph, backends, store, cm, dims, options)
     if measured is not None and options.tolerance is None:
         return measured
+    # the caller's arrays come from (and results go back to) `args_on`'s library
+    home = options.args_on if options.args_on in backends else None
     sel = select(graph, backends, cm, dims, weights=options.weights, patterns=options.patterns,
-                 fuse=options.fuse)
+                 fuse=options.fuse, home=home)
     if measured is not None:
         # Under a tolerance the selection may hold weights in a lower precision, which no
         # measured plan does: it is taken only when its prediction beats the measured plan;
@@ -60,7 +62,7 @@ def fastest_assignment(graph: Graph, options: PlanOptions, store, *,
             return measured
     if options.tolerance is None:
         h = heuristic_assignment(graph, backends)
-        h_cost = assignment_cost(h, backends, cm, dims, options.weights)
+        h_cost = assignment_cost(h, backends, cm, dims, options.weights, home)
         if h_cost < sel.total * (1 - 1e-9):
             return h.replace(by=f"{options.policy} (heuristic plan: cheaper by the cost model)",
                              predicted_s=h_cost, dims=dims)
@@ -90,15 +92,17 @@ def _fastest_measured(graph, backends, store, cm: CostModel, dims, options):
     return None
 
 
-def assignment_cost(a: Assignment, backends, cm: CostModel, dims, weights=()) -> float:
+def assignment_cost(a: Assignment, backends, cm: CostModel, dims, weights=(),
+                    home: str | None = None) -> float:
     """The cost model's time of a whole assignment: its kernels, the copies it implies (bound
-    weights copy for nothing) and the switches between consecutive backends."""
+    weights copy for nothing; inputs come from `home`, NumPy by default) and the switches
+    between consecutive backends."""
     sel = _Selector(backends, cm, dims, [a.graph.invars[i].id for i in weights])
     # a `copy_to` written in the graph carries no work (its copies follow from the backends)
     opts = [{b: Choice(b, Candidate("kernel", b, k),
                        cm.kernel(e, k, dims) if k is not None else NO_WORK)}
             for e, b, k in zip(a.graph.eqns, a.backends, a.kernels)]
-    sel.prepare(a.graph, host_name(), 0, opts)
+    sel.prepare(a.graph, home or host_name(), 0, opts)
     return sel.total(list(a.backends))[0]
 
 

@@ -40,7 +40,8 @@ class PlanOptions:
     `explore_budget`: seconds EXPLORE may spend measuring (None: until done);
     `lossy_below`: under `tolerance`, kernels holding weights in a lower precision may be
     chosen when the error they promise (`Kernel.lossy`) is below this (`tgx.compile` lowers
-    it when a plan's error on the first call exceeds the tolerance).
+    it when a plan's error on the first call exceeds the tolerance); `args_on`: the backend
+    whose arrays the caller passes (None: NumPy's), which whole plans are measured with.
     """
 
     policy: str = "fastest"
@@ -59,6 +60,7 @@ class PlanOptions:
     fuse: bool = True
     explore_budget: float | None = None
     lossy_below: float = math.inf
+    args_on: str | None = None
 
     def __post_init__(self):
         if self.policy not in POLICIES:

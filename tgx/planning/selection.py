@@ -450,18 +450,20 @@ class _Selector:
 
 
 def select(graph: Graph, backends, cost_model: CostModel, dims: dict,
-           weights=(), patterns: bool = False, fuse: bool = False) -> Selection:
+           weights=(), patterns: bool = False, fuse: bool = False,
+           home: str | None = None) -> Selection:
     """The cheapest choice per equation of `graph` on `backends` at binding `dims`.
 
     `weights`: indices of the inputs that are bound weights: converted once, not per call,
     so their transfers cost nothing. `patterns`: decompositions offer the pattern kernels
     that occur in them (`tgx.planning.kernel_patterns`; the graph itself went through the
     patterns stage already); `fuse`: so do generatable regions of elementwise ops (the fuse
-    stage)."""
+    stage). `home`: the backend whose arrays the caller passes and gets back (default:
+    NumPy's)."""
     check_tolerance(graph, cost_model.tolerance)
     free = [graph.invars[i].id for i in weights]
     return _Selector(backends, cost_model, dict(dims or {}), free, patterns,
-                     fuse).solve(graph)
+                     fuse).solve(graph, home)
 
 
 def select_brute_force(graph: Graph, backends, cost_model: CostModel, dims: dict) -> Selection:
