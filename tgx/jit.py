@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends import backend_of, check_backends
+from .backends import backend_of, check_backends, owning_backend
 from .core import Graph, find_top_trace
 from .errors import BindingError, DTypeError, OptionError, ShapeError, TgxError
 from .pipeline import plan_graph
@@ -503,12 +503,15 @@ _WARNED_GRAD: set = set()
 def _args_on(leaves: list) -> str | None:
     """The backend whose CPU arrays the caller passed (None: NumPy's, a mix, Specs or a
     device): measured plans are keyed by it (`recipes.recipe_name`)."""
-    owners = {backend_of(x) for x in leaves if type(x) not in _HOST_TYPES}
+    foreign = [x for x in leaves if type(x) not in _HOST_TYPES]
+    owners = {owning_backend(x) for x in foreign}
     owners.discard(None)
     if len(owners) != 1:
         return None
     (owner,) = owners
-    first = next(x for x in leaves if backend_of(x) is owner)
+    if owner.host:
+        return None
+    first = next(x for x in foreign if owning_backend(x) is owner)
     device = str(getattr(first, "device", "cpu"))
     return owner.name if device.startswith(("cpu", "TFRT_CPU", "CpuDevice")) else None
 

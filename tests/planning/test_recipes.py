@@ -177,6 +177,20 @@ def test_plans_are_measured_on_the_callers_kind_of_arrays(store, tmp_path):
     assert "measured plan" in again.lower(x).policy
 
 
+def test_the_callers_library_is_known_before_tgx_loads_its_backend():
+    # a fresh process: torch's tensors come before tgx has loaded its torch backend
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    code = ("import tgx, torch\n"
+            "f = tgx.compile(lambda x: x * 2.0, store=False)\n"
+            "print(f.lower(torch.ones(4)).options.args_on)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "torch"
+
+
 def test_a_state_explored_on_jax_arrays_is_timed_donated(store):
     jnp = pytest.importorskip("jax.numpy")
 

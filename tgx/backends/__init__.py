@@ -27,6 +27,7 @@ from .base import (
     host_backend,
     host_name,
     load_backend,
+    owning_backend,
     preference,
     primary_backend,
     register_backend,
@@ -43,5 +44,5 @@ register_backend("jax", library="jax", module="tgx.backends.jax_backend",
 
 __all__ = ["Backend", "BackendSpec", "available_backends", "backend_available", "backend_of",
            "check_backends", "get_backend", "host_backend", "host_name", "load_backend",
-           "preference", "primary_backend", "register_backend", "to_host", "unavailable_reason",
-           "unregister_backend"]
+           "owning_backend", "preference", "primary_backend", "register_backend", "to_host",
+           "unavailable_reason", "unregister_backend"]

@@ -338,6 +338,17 @@ def _owner(x: Any) -> Backend | None:
     return backend_of(x)
 
 
+def owning_backend(x: Any) -> Backend | None:
+    """The backend whose array `x` is, loaded for it if need be (`backend_of` sees loaded
+    backends only: a caller's first torch tensor comes before tgx loads torch), or None.
+
+    >>> import numpy as np
+    >>> owning_backend(np.ones(2)).name
+    'numpy'
+    """
+    return _owner(x)
+
+
 def backend_of(x: Any) -> Backend | None:
     """The loaded backend whose array type `x` is, or None."""
     for b in _LOADED.values():
