@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends import backend_of, check_backends, owning_backend
+from .backends import check_backends, owning_backend
 from .core import Graph, find_top_trace
 from .errors import BindingError, DTypeError, OptionError, ShapeError, TgxError
 from .pipeline import plan_graph
@@ -339,17 +339,11 @@ class _FastCall:
         self.donate = owner.donate
         self.fname = getattr(owner.fn, "__name__", "the function")
         self.backend_arrays = owner.return_backend_arrays
-        types = set(map(type, leaves))
-        owners = {backend_of(x) for x in leaves if type(x) not in _HOST_TYPES}
-        owners.discard(None)
+        lib = None if self.backend_arrays else _callers_library(leaves)
         self.out_backend = self.convert = None
         self.warn = False
-        if not self.backend_arrays and not types <= _HOST_TYPES and len(owners) == 1:
-            (b,) = owners
-            first = next(x for x in leaves if backend_of(x) is b)
-            device = str(getattr(first, "device", "cpu"))
-            device = "cpu" if device.startswith(("cpu", "TFRT_CPU", "CpuDevice")) else device
-            self.convert = (b, device)
+        if lib is not None:
+            b, device = self.convert = lib
             # results of b's kernels stay b's arrays (not copied to NumPy and back)
             self.out_backend = b.name if device == "cpu" else None
             self.warn = any(hasattr(x, "requires_grad") for x in leaves)
@@ -500,20 +494,27 @@ def _as_tuple(x) -> tuple:
 _WARNED_GRAD: set = set()
 
 
-def _args_on(leaves: list) -> str | None:
-    """The backend whose CPU arrays the caller passed (None: NumPy's, a mix, Specs or a
-    device): measured plans are keyed by it (`recipes.recipe_name`)."""
+def _callers_library(leaves: list) -> tuple | None:
+    """(the backend whose arrays are among `leaves`, the device of the first: "cpu" or its
+    name), or None when there are none (NumPy's, Specs) or several libraries'."""
     foreign = [x for x in leaves if type(x) not in _HOST_TYPES]
     owners = {owning_backend(x) for x in foreign}
     owners.discard(None)
     if len(owners) != 1:
         return None
     (owner,) = owners
-    if owner.host:
-        return None
     first = next(x for x in foreign if owning_backend(x) is owner)
     device = str(getattr(first, "device", "cpu"))
-    return owner.name if device.startswith(("cpu", "TFRT_CPU", "CpuDevice")) else None
+    return owner, "cpu" if device.startswith(("cpu", "TFRT_CPU", "CpuDevice")) else device
+
+
+def _args_on(leaves: list) -> str | None:
+    """The backend whose CPU arrays the caller passed (None: NumPy's, a mix, Specs or a
+    device): measured plans are keyed by it (`recipes.recipe_name`)."""
+    lib = _callers_library(leaves)
+    if lib is None or lib[0].host or lib[1] != "cpu":
+        return None
+    return lib[0].name
 
 
 def _like_inputs(leaves: list, out: Any, fname: str) -> Any:
@@ -521,17 +522,10 @@ def _like_inputs(leaves: list, out: Any, fname: str) -> Any:
     tensors in → torch tensors out (on the device of the first one), jax arrays in → jax
     arrays out, NumPy otherwise (also for a mix of torch and jax). State results stay the
     caller's objects."""
-    types = set(map(type, leaves))
-    if types <= _HOST_TYPES:
+    lib = _callers_library(leaves)
+    if lib is None:
         return out
-    owners = {backend_of(x) for x in leaves if type(x) not in _HOST_TYPES}
-    owners.discard(None)
-    if len(owners) != 1:
-        return out
-    (owner,) = owners
-    first = next(x for x in leaves if backend_of(x) is owner)
-    device = str(getattr(first, "device", "cpu"))
-    device = "cpu" if device.startswith(("cpu", "TFRT_CPU", "CpuDevice")) else device
+    owner, device = lib
     if any(getattr(x, "requires_grad", False) for x in leaves) and fname not in _WARNED_GRAD:
         _WARNED_GRAD.add(fname)
         warnings.warn(f"{fname} was called with torch tensors that require grad: tgx does not "

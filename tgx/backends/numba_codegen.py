@@ -517,32 +517,41 @@ def parallel_checker(avals, params) -> str | None:
     """Accepts a `tgx.fuse` region the loops support with at least 2 rows and
     `PARALLEL_MIN` elements (symbolic dims at the planning hint), once its parallel loops
     agree with the float64 reference there."""
-    return parallel_checker_unverified(avals, params, verify=True)
+    reason = parallel_applies(avals, params)
+    if reason is not None:
+        return reason
+    graph = params["graph"]
+    key = _key(graph)
+    if key not in _VERIFIED:
+        env = _hint_env(avals)
+        run = _generate(graph)[1]
+        concrete = [a.update(shape=tuple(eval_dim(d, env) for d in a.shape)) for a in avals]
+        _VERIFIED[key] = check_against_float64(run, graph, concrete)
+    return _VERIFIED[key]
 
 
-def parallel_checker_unverified(avals, params, verify: bool = False) -> str | None:
-    """`parallel_checker` without running the loops (which compiles them) unless `verify`."""
+def parallel_applies(avals, params) -> str | None:
+    """`parallel_checker` without running the loops (which compiles them): None when the
+    region's size and structure admit them, else why not."""
     graph = params.get("graph")
     if graph is None or params.get("name", "fused") != "fused":
         return "not a region of tgx.fuse"
     r = analyze(body_of(graph))
     if isinstance(r, str):
         return r
-    env = {s: hint_value(s) for a in avals for d in a.shape if type(d) is not int
-           for s in d.free_symbols}
+    env = _hint_env(avals)
     dom = [eval_dim(d, env) for d in r.domain]
     rows, n = int(np.prod(dom[:-1], dtype=np.int64)), int(np.prod(dom, dtype=np.int64))
     if rows < 2 or n < PARALLEL_MIN:
         return f"{n} elements in {rows} rows: the serial loops ({PARALLEL_MIN} elements " \
                f"and 2 rows at least)"
-    key = _key(graph)
-    if not verify:
-        return None
-    if key not in _VERIFIED:
-        run = _generate(graph)[1]
-        concrete = [a.update(shape=tuple(eval_dim(d, env) for d in a.shape)) for a in avals]
-        _VERIFIED[key] = check_against_float64(run, graph, concrete)
-    return _VERIFIED[key]
+    return None
+
+
+def _hint_env(avals) -> dict:
+    """{symbol: its planning hint} for the symbolic dims of `avals`."""
+    return {s: hint_value(s) for a in avals for d in a.shape if type(d) is not int
+            for s in d.free_symbols}
 
 
 def _specialize(params, out):

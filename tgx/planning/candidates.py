@@ -19,12 +19,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..backends import available_backends, backend_available, unavailable_reason
-from ..backends.numba_codegen import parallel_checker_unverified
+from ..backends.numba_codegen import parallel_applies
 from ..backends.registry import Kernel, kernels_for
 from ..core import Eqn
 from ..shapes import concretize
-from .kernel_patterns import (accepting_pattern_kernels, declines, generated_kernels, is_region,
-                              pattern_name)
+from .kernel_patterns import (accepting_pattern_kernels, declines, generated_kernels,
+                              is_generated, is_region, pattern_name)
 
 # Variants in the order the heuristic prefers them: a library's dedicated kernel, then a
 # kernel writing into the workspace, then the plain kernel.
@@ -96,7 +96,7 @@ def accepted_kernels(eqn: Eqn, backend: str, declined: list | None = None,
         if k.pattern is not None:  # a pattern kernel runs only an occurrence of its pattern
             continue
         if unchecked_loops and is_generated(k):
-            reason = parallel_checker_unverified(avals, params)
+            reason = parallel_applies(avals, params)
         else:
             reason = k.check(avals, params)
         if reason is None:
@@ -107,11 +107,6 @@ def accepted_kernels(eqn: Eqn, backend: str, declined: list | None = None,
     if is_region(eqn):  # a region of elementwise ops: the loop numba generates from it
         out = generated_kernels(eqn, backend, declined, checked=not unchecked_loops) + out
     return out
-
-
-def is_generated(kernel: Kernel) -> bool:
-    """Whether `kernel` runs loops generated from a region (`accepted_kernels`)."""
-    return kernel.name == "fused" and kernel.variant in ("numba", "numba-parallel")
 
 
 def loop_declines(eqn: Eqn, kernel: Kernel) -> str | None:

@@ -188,8 +188,7 @@ def declines(kernel: Kernel, eqn: Eqn) -> str | None:
     reason = kernel.check([x.aval for x in eqn.invars], {})
     if reason is None:
         reason = verify_kernel(kernel, eqn)
-        generated = kernel.name == "fused" and kernel.variant.startswith("numba")
-        if reason is not None and not generated and (kernel, reason) not in _WARNED:
+        if reason is not None and not is_generated(kernel) and (kernel, reason) not in _WARNED:
             _WARNED.add((kernel, reason))
             warnings.warn(f"pattern kernel {kernel!r} is not used: it {reason}",
                           stacklevel=2)
@@ -265,6 +264,12 @@ def accepting_pattern_kernels(eqn: Eqn, backend: str, declined: list | None = No
         elif declined is not None:
             declined.append((k, reason))
     return out
+
+
+def is_generated(kernel: Kernel) -> bool:
+    """Whether `kernel` runs loops generated from a region (`generated_kernels`, and their
+    parallel form `fused[numba-parallel]`)."""
+    return kernel.name == "fused" and kernel.variant in ("numba", "numba-parallel")
 
 
 def generated_kernels(eqn: Eqn, backend: str, declined: list | None = None,

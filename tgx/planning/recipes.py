@@ -71,7 +71,7 @@ def recipe_name(options) -> str:
     plan)."""
     return PLAN_NAME + ("+bound-weights" if options.weights else "") + (
         "+state" if options.state else "") + (
-        f"+args-on-{options.args_on}" if getattr(options, "args_on", None) else "")
+        f"+args-on-{options.args_on}" if options.args_on else "")
 
 
 def graph_keys(graph, dims: Mapping, key: str | None = None) -> tuple[str, str]:

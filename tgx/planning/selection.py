@@ -39,8 +39,9 @@ from ..errors import KernelError, TgxError
 from ..transforms.decompose import decomposition_graph
 from ..transforms.rewrite import eval_into, rebind, transform_graph
 from .assignment import Assignment
-from .candidates import Candidate, candidates, is_generated, loop_declines
+from .candidates import Candidate, candidates, loop_declines
 from .cost_model import CostModel, Estimate
+from .kernel_patterns import is_generated
 from .regions import offer_kernels
 
 # Above this many DP states per step (live values x backends x copies) the exact frontier DP
