@@ -321,8 +321,8 @@ class _FastCall:
     Measured on the MLP 2-64-2 training step (15 leaves): flatten, key and lookup took
     ~10 us before; the guard ~2 us."""
 
-    __slots__ = ("flatten", "compiled", "unflatten", "donate", "out_backend", "convert",
-                 "leaf_types", "fname", "backend_arrays", "warn")
+    __slots__ = ("flatten", "run", "unflatten", "out_backend", "convert", "fname",
+                 "backend_arrays", "warn")
 
     @classmethod
     def make(cls, owner: Compiled, plan: Plan, tree, leaves: list, avals) -> _FastCall | None:
@@ -334,9 +334,7 @@ class _FastCall:
             return None
         self = cls()
         self.flatten = flatten
-        self.compiled = plan.compiled
         self.unflatten = _unflatten_function(out_tree)
-        self.donate = owner.donate
         self.fname = getattr(owner.fn, "__name__", "the function")
         self.backend_arrays = owner.return_backend_arrays
         lib = None if self.backend_arrays else _callers_library(leaves)
@@ -347,11 +345,14 @@ class _FastCall:
             # results of b's kernels stay b's arrays (not copied to NumPy and back)
             self.out_backend = b.name if device == "cpu" else None
             self.warn = any(hasattr(x, "requires_grad") for x in leaves)
+        c, donate, out_backend = plan.compiled, owner.donate, self.out_backend
+        self.run = c.runner(leaves, donate=donate, out_backend=out_backend) or (
+            lambda leaves: c.run_flat(leaves, donate=donate, out_backend=out_backend,
+                                      checked=True))
         return self
 
     def __call__(self, leaves: list):
-        outs = self.compiled.run_flat(leaves, donate=self.donate, out_backend=self.out_backend,
-                                      checked=True)
+        outs = self.run(leaves)
         if self.convert is not None:
             b, device = self.convert
             if self.warn and any(getattr(x, "requires_grad", False) for x in leaves):

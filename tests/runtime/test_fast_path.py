@@ -297,3 +297,33 @@ def test_the_jax_alias_of_a_numpy_argument_is_uncommitted_as_the_argument_is():
         pytest.skip("jax copies host arrays here: no alias")
     assert not alias.committed
     assert alias.unsafe_buffer_pointer() == x.ctypes.data
+
+
+def test_numpy_state_made_read_only_after_the_first_call_is_named():
+    """The fast call decides once which state is the caller's NumPy array, and still checks
+    each such array per call: one made read-only later is refused, naming it."""
+    f = tgx.compile(lambda s, x: (x.sum(), {"m": s["m"] + x}), state="s", backends=["numpy"],
+                    policy="heuristic")
+    s = {"m": np.zeros(3, np.float32)}
+    x = np.ones(3, np.float32)
+    f(s, x)
+    f(s, x)
+    np.testing.assert_allclose(s["m"], 2.0)
+    s["m"].flags.writeable = False
+    with pytest.raises(tgx.BindingError, match=r"state s\['m'\]: .*read-only"):
+        f(s, x)
+    np.testing.assert_allclose(s["m"], 2.0)      # untouched by the refused call
+
+
+def test_jax_and_numpy_state_leaves_mixed_in_one_call():
+    """Each state leaf keeps its own contract on the fast path: the NumPy one is written in
+    place and returned as the same array, the jax one comes back as a new array."""
+    f = tgx.compile(lambda a, b: (a.sum(), (a + 1.0, b * 2.0)), state=("a", "b"),
+                    backends=["jax"], policy="heuristic")
+    a = tgx.aligned(np.zeros(4, np.float32))
+    b = jnp.ones(4, jnp.float32)
+    for t in range(1, 4):
+        _, (a2, b) = f(a, b)
+        assert a2 is a and isinstance(b, jax.Array)
+        np.testing.assert_allclose(a, float(t))
+        np.testing.assert_allclose(np.asarray(b), 2.0 ** t)

@@ -556,11 +556,17 @@ class CompiledGraph:
         donated = self._donated(args, objs) if donate and self._donate_k else ()
         if donated or out_backend is not None:
             spec = self._variant(key, spec, (out_backend, donated))
+        outs = self._execute(spec, args)
+        self._finish(args, objs, outs)
+        return outs
+
+    def _execute(self, spec: Specialization, args: list) -> list:
+        """Run one specialization's instructions on the prepared arguments."""
         capped = self.blas_threads is not None
         if capped:
             hold_one_blas_thread()
         try:  # no cost on the hot path (zero-cost exceptions); the context on failure
-            outs = spec.run.fn(args, self._bound)
+            return spec.run.fn(args, self._bound)
         except Exception as e:
             err = self._deleted_argument(args) or self._kernel_error(spec, e)
             if err is None:
@@ -569,11 +575,90 @@ class CompiledGraph:
         finally:
             if capped:
                 release_blas_threads()
+
+    def _finish(self, args: list, objs: list | None, outs: list) -> None:
+        """The new state in place (or returned), and no result sharing the caller's memory."""
         if objs is not None:
             self._write_state(args, objs, outs)
         for j in self.input_alias_outs:
             outs[j] = _snapshot(outs[j])
-        return outs
+
+    def runner(self, example: Sequence[Any], *, donate: bool = False,
+               out_backend: str | None = None) -> Callable[[list], list] | None:
+        """`run_flat(args, donate=, out_backend=, checked=True)` for calls whose arguments
+        are of the types of `example`'s, their shapes and dtypes checked by the caller (the
+        `tgx.compile` fast path, whose guard checks each leaf's type): what run_flat decides
+        per call from the kinds of the arguments (which state is the caller's NumPy array and
+        which immutable, which arguments are donated, which run variant) is decided here
+        once, and a call does only what those kinds need. None where a binding has symbolic
+        dims or an argument is of a kind run_flat converts; run_flat then serves the calls.
+
+        Measured on the MLP 2-64-2 training step with jax state (15 arguments, 14 of them
+        state): ~7 us of checks per call before, ~1 us with the runner.
+
+        >>> run = plan.compiled.runner(leaves)          # doctest: +SKIP
+        >>> outs = run(list(leaves))                    # doctest: +SKIP
+        """
+        if self.symbols or len(example) != len(self.in_slots):
+            return None
+        through = self._through
+        for i, x in enumerate(example):
+            if type(x) is not np.ndarray and (through[i] is None
+                                              or _backend_of(x) is not through[i]):
+                return None
+        np_state, imm_k = [], []
+        for k, (a, _, _) in enumerate(self.state):
+            x = example[a]
+            if type(x) is np.ndarray:
+                np_state.append((k, a))
+            elif type(x) in _IMMUTABLE_TYPES or _immutable(x):
+                imm_k.append(k)
+            else:  # a backend array as state: run_flat checks it
+                return None
+        n, n_state = len(self.in_slots), len(self.state)
+        private = tuple(self.state[k][0] for k in self._private_k if k in imm_k)
+        donated = (tuple(a for k, a in self._donate_k if k in imm_k and
+                         type(example[a]) is not np.ndarray) if donate else ())
+        spec = self._specs.get(()) or self.specialize(())
+        if donated or out_backend is not None:
+            spec = self._variant((), spec, (out_backend, donated))
+        through_np = any(type(example[i]) is np.ndarray for i, _ in self._through_idx)
+        weights = self.weight_args if self.weight_copies else ()
+        # immutable state computed afresh is the result as it is: nothing to write back
+        finish = bool(np_state or private or self.state_alias_outs or self.input_alias_outs)
+        execute = self._execute
+        prepare = bool(weights or private or through_np)
+
+        def run(args: list) -> list:
+            if len(set(map(id, args))) != n:  # one object passed twice: run_flat decides
+                return self.run_flat(args, donate=donate, out_backend=out_backend,
+                                     checked=True)
+            objs = None
+            if n_state:
+                objs = [None] * n_state
+                for k, a in np_state:
+                    x = args[a]
+                    flags = x.flags
+                    if not (flags.writeable and flags.c_contiguous):
+                        self._check_state(args)  # raises the error naming the argument
+                    objs[k] = x
+            if prepare:
+                args = list(args)  # the caller's list keeps the objects it passed
+                if weights:
+                    bs = self._bound_src
+                    if len(bs) != len(weights) or any(
+                            args[i] is not b for i, b in zip(weights, bs)):
+                        self.bind_weights(args)
+                for a in private:
+                    args[a] = aligned_copy(args[a])
+                if through_np:
+                    self._pass_through(args)
+            outs = execute(spec, args)
+            if finish:
+                self._finish(args, objs, outs)
+            return outs
+
+        return run
 
     def _donated(self, args: list, objs: list) -> tuple:
         """The immutable state arguments of this call that XLA may take over: passed on as
