@@ -8,6 +8,7 @@ import numpy as np
 import torch
 import torch.nn.functional as TF
 
+import tgx
 import tgx.nn as tnn
 from tgx.shapes import bfloat16, float16, float32, float64
 
@@ -50,6 +51,28 @@ for name, fn, tfn, kw in ACTS:
     register(OpInfo(f"tnn.{name}", fn, torch_ref(tfn),
                     with_kwargs(unary_samples(low=-6, high=6, edge=edge), **kw),
                     dtypes=FH, tol=HALF_TOL, decomposes=True))
+
+
+def _gelu_vjp(ct, x, approximate="none"):
+    """What `tgx.grad` runs for gelu: its VJP (the `gelu_grad` composite)."""
+    return tgx.vjp(lambda x: tnn.gelu(x, approximate=approximate), x)[1](ct)[0]
+
+
+def gelu_grad_samples(rng, dt):
+    edge = np.asarray(BIG + (10.0, -10.0, 9.5, 3.0, -3.0), np.float64)
+    return [
+        Sample((randn(rng, (3, 5), dt), randn(rng, (3, 5), dt, low=-6, high=6)),
+               symbolic={0: {0: "N"}, 1: {0: "N"}}),
+        Sample((randn(rng, (7, 5), dt), randn(rng, (7, 5), dt, low=-6, high=6)),
+               name="[7x5]"),
+        Sample((np.ones(edge.shape, dt), edge.astype(dt)), name="[edge]"),
+    ]
+
+
+for _name, _kw in (("gelu_grad", {}), ("gelu_grad_tanh", dict(approximate="tanh"))):
+    register(OpInfo(f"tnn.{_name}", _gelu_vjp, torch_ref(torch.ops.aten.gelu_backward),
+                    with_kwargs(gelu_grad_samples, **_kw), dtypes=FH, tol=HALF_TOL,
+                    decomposes=True))
 
 
 def softmax_samples(rng, dt):

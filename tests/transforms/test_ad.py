@@ -321,3 +321,21 @@ def test_custom_vjp_replaces_the_rule():
     with pytest.raises(tgx.TgxError, match="tuple of 2 cotangents"):
         scaled_sin.defvjp(fwd, lambda res, ct: ct)
         tgx.grad(lambda x: tnp.sum(scaled_sin(x, y)))(x)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_the_gradient_of_gelu_is_one_kernel_on_torch(approximate):
+    """gelu's VJP is one `gelu_grad` equation, which torch runs as the kernel its own
+    autograd runs (`aten.gelu_backward`) instead of differentiating gelu's decomposition
+    step by step (23 kernels for the tanh form); the gradient matches jax's."""
+    pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((6, 8)) * 3).astype(np.float32)
+    loss = lambda x: tnp.sum(tnn.gelu(x, approximate=approximate) * x)
+    g = tgx.compile(tgx.grad(loss), backends=["torch"], policy="heuristic")
+    plan = g.lower(x)
+    names = [plan.compiled.graph.eqns[e].primitive.name
+             for ins in plan.compiled.instructions for e in ins.eqns]
+    assert names.count("gelu_grad") == 1 and "tanh" not in names
+    want = jax.grad(lambda x: jnp.sum(jax.nn.gelu(x, approximate=approximate == "tanh") * x))(x)
+    np.testing.assert_allclose(g(x), want, **TOL[np.float32])

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..primitives.activations import _GELU_C
+from ..primitives.activations import _GELU_A, _GELU_C
 from ..primitives.attention import _batch_shapes
 from ..primitives.elementwise import special
 from ..shapes import ShapedArray
@@ -77,6 +77,46 @@ def numpy_gelu(x, *, approximate):
     else:
         inner = special().erf(x * t(1 / np.sqrt(2.0)))
     return t(0.5) * x * (1 + inner)
+
+
+def _same_shape_float(avals, params):
+    if avals[0].shape != avals[1].shape:
+        return "operands of different shapes (written in place: no broadcasting)"
+    return _float_operands(avals, params)
+
+
+@register_kernel("gelu_grad", NAME, checker=_same_shape_float, variant="library")
+def numpy_gelu_grad(ct, x, *, approximate):
+    """`ct * gelu'(x)` in three buffers, written in place (a fresh buffer per step paid a
+    first-touch page fault per page: 6.3 ms for 512x1024 float32, 1.5 ms op by op)."""
+    t = x.dtype.type
+    x2 = x * x
+    if approximate == "tanh":
+        th = x2 * t(_GELU_C * _GELU_A)
+        th += t(_GELU_C)
+        th *= x
+        np.tanh(th, out=th)
+        np.minimum(x2, t(100.0), out=x2)      # as the decomposition: no overflow in x^2
+        x2 *= t(1.5 * _GELU_A * _GELU_C)
+        x2 += t(0.5 * _GELU_C)
+        d = th * th
+        np.subtract(t(1.0), d, out=d)
+        d *= x
+        d *= x2
+        th += t(1.0)
+        th *= t(0.5)
+        d += th
+    else:
+        d = special().erf(x * t(1 / np.sqrt(2.0)))
+        d += t(1.0)
+        d *= t(0.5)
+        x2 *= t(-0.5)
+        np.exp(x2, out=x2)
+        x2 *= t(1 / np.sqrt(2 * np.pi))
+        x2 *= x
+        d += x2
+    d *= ct
+    return d
 
 
 def _sdpa_ok(avals, params):

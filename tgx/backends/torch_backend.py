@@ -326,6 +326,12 @@ def _composite_table():
     def gelu(x, *, approximate):
         return F.gelu(x, approximate=approximate)
 
+    def gelu_grad(ct, x, *, approximate):  # what torch's autograd runs for gelu
+        return torch.ops.aten.gelu_backward(ct, x, approximate=approximate)
+
+    def same_shape(avals, params):  # aten.gelu_backward does not broadcast
+        return None if avals[0].shape == avals[1].shape else "operands of different shapes"
+
     def layer_norm(x, *wb, normalized_shape, eps, has_weight, has_bias):
         wb = list(wb)
         w = wb.pop(0) if has_weight else None
@@ -376,7 +382,7 @@ def _composite_table():
         "softmax": (softmax, {"axis"}), "log_softmax": (log_softmax, {"axis"}),
         "logsumexp": (logsumexp, {"axes", "keepdims"}), "relu": (torch.relu, set()),
         "sigmoid": (torch.sigmoid, set()), "tanh": (torch.tanh, set()), "silu": (F.silu, set()),
-        "gelu": (gelu, {"approximate"}),
+        "gelu": (gelu, {"approximate"}), "gelu_grad": (gelu_grad, {"approximate"}, same_shape),
         "layer_norm": (layer_norm, {"normalized_shape", "eps", "has_weight", "has_bias"}),
         "rms_norm": (rms_norm, {"normalized_shape", "eps", "has_weight"}),
         "scaled_dot_product_attention": (

@@ -16,7 +16,7 @@ from ..shapes import ShapedArray, canonicalize_axis, is_float
 from . import ops
 from .derivatives import zero_scalar
 from .elementwise import _lowp, special
-from .math import abs_p, composite_unop, expm1_p, log1p_p, tanh_p
+from .math import abs_p, composite_naryop, composite_unop, expm1_p, log1p_p, tanh_p
 
 
 def _act(name, ref):
@@ -110,6 +110,47 @@ def _gelu_decomp(x, *, approximate):
     return ops.multiply(ops.multiply(x, 0.5), ops.add(t, 1))
 
 
+# The derivative of gelu as one composite, `gelu_grad(ct, x) = ct * gelu'(x)`: torch runs it
+# as one kernel (`aten.gelu_backward`, what its autograd runs), and its decomposition is the
+# closed form, where differentiating gelu's decomposition step by step (through tanh's own)
+# recomputed every step of the forward. With u = c (x + a x^3), t = tanh(u):
+#   gelu'(x) = (1 + t) / 2 + x (1 - t^2) (c + 3 a c x^2) / 2.
+# Beyond |x| = 10, 1 - t^2 is 0 in every float dtype, so the polynomial reads min(x^2, 100):
+# unclipped, x^2 overflows float16 there and 0 * inf would be NaN.
+_GELU_A = 0.044715
+
+
+def _gelu_grad_ref(ct, x, *, approximate):
+    x2 = x * x
+    if approximate == "tanh":
+        t = np.tanh(x * (_GELU_C + _GELU_C * _GELU_A * x2))
+        poly = np.minimum(x2, 100.0) * (1.5 * _GELU_A * _GELU_C) + 0.5 * _GELU_C
+        d = (1 + t) * 0.5 + x * (1 - t * t) * poly
+    else:
+        d = (special().erf(x * float(1 / np.sqrt(2.0))) + 1) * 0.5 + x * np.exp(
+            x2 * -0.5) * float(1 / np.sqrt(2 * np.pi))
+    return ct * d
+
+
+gelu_grad_p = composite_naryop("gelu_grad", _gelu_grad_ref, 2, "float", family="activation")
+
+
+@gelu_grad_p.def_decomposition
+def _gelu_grad_decomp(ct, x, *, approximate):
+    x2 = ops.multiply(x, x)
+    if approximate == "tanh":
+        t = tanh_p.bind(ops.multiply(x, ops.add(ops.multiply(x2, _GELU_C * _GELU_A), _GELU_C)))
+        poly = ops.add(ops.multiply(ops.minimum(x2, 100.0), 1.5 * _GELU_A * _GELU_C),
+                       0.5 * _GELU_C)
+        slope = ops.multiply(ops.multiply(x, ops.subtract(1.0, ops.multiply(t, t))), poly)
+        d = ops.add(ops.multiply(ops.add(t, 1.0), 0.5), slope)
+    else:
+        cdf = ops.multiply(ops.add(ops.erf(ops.multiply(x, float(1 / np.sqrt(2.0)))), 1.0), 0.5)
+        pdf = ops.multiply(ops.exp(ops.multiply(x2, -0.5)), float(1 / np.sqrt(2 * np.pi)))
+        d = ops.add(cdf, ops.multiply(x, pdf))
+    return ops.multiply(ct, d)
+
+
 def _sigmoid_ref(x):
     return special().expit(x)
 
@@ -188,6 +229,8 @@ selu_p.def_vjp(lambda ct, x, *, out: (ops.multiply(ops.where(
     ops.greater(x, 0), ct, ops.multiply(ct, ops.multiply(ops.exp(x), SELU_ALPHA))), SELU_SCALE),))
 celu_p.def_vjp(lambda ct, x, *, out, alpha: (
     ops.where(ops.greater(x, 0), ct, ops.multiply(ct, ops.exp(ops.divide(x, alpha)))),))
+gelu_p.def_vjp(lambda ct, x, *, out, approximate: (
+    gelu_grad_p.bind(ct, x, approximate=approximate),))
 sigmoid_p.def_vjp(lambda ct, x, *, out: (
     ops.multiply(ct, ops.multiply(out, ops.subtract(1.0, out))),))
 

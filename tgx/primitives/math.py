@@ -39,7 +39,7 @@ def composite_naryop(name: str, numpy_fn, n: int, kind: str = "num",
     p = Primitive(name, elementwise=True, family=family)
 
     @p.def_shape
-    def _shape(*xs: ShapedArray) -> ShapedArray:
+    def _shape(*xs: ShapedArray, **params) -> ShapedArray:
         if len(xs) != n or len({x.dtype for x in xs}) != 1:
             raise DTypeError(f"{name} requires {n} operands of the same dtype, got "
                              f"{', '.join(x.str_short() for x in xs)}")
