@@ -163,7 +163,7 @@ def _inplace_instruction(e, b, slot_of, lit_slot, index):
     ins = tuple(lit_slot(a, b) if isinstance(a, Literal) else slot_of(a) for a in e.invars)
     return Instruction(f"{e.primitive.name}[inplace]@{b}", b, lambda dims, out: fn, ins,
                        (slot_of(e.outvars[0]),), (e.outvars[0].aval,), (index,),
-                       returns_view=True, view_of=(0,))
+                       returns_view=True, view_of=(0,), pure=False)
 
 
 def _into_state_instruction(e, kernel, b, buffer, slot_of, lit_slot, index):
@@ -177,7 +177,8 @@ def _into_state_instruction(e, kernel, b, buffer, slot_of, lit_slot, index):
         return lambda buf, *xs: fn(*xs, out=buf)
 
     return Instruction(f"{kernel!r}[into state]", b, build, ins, (slot_of(e.outvars[0]),),
-                       (e.outvars[0].aval,), (index,), returns_view=True, view_of=(0,))
+                       (e.outvars[0].aval,), (index,), returns_view=True, view_of=(0,),
+                       pure=False)
 
 
 def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bool = True,

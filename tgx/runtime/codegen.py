@@ -43,6 +43,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 
+#: a step whose results are constants of the function already (computed once per binding):
+#: no line is generated for it
+FOLDED = object()
+
+
 class RunFunction:
     """A generated run function: call it as `fn(args, bound)`; `source` is its text."""
 
@@ -83,8 +88,8 @@ def generate(steps: Sequence[tuple], *, in_slots: Sequence[int], out_slots: Sequ
     `in_slots`) are `a<i>`, bound weights (`bound`, one per `bound_slots`) `w<j>`, constants
     (`consts`: slot -> value) `c<slot>`, instruction results `v<slot>`; instruction t's
     kernel is `k<t>`. A tuple of out slots unpacks the call's results; a step whose `fn` is
-    None passes its one input on as its result (a copy left out). `labels` become
-    comments."""
+    None passes its one input on as its result (a copy left out), one whose `fn` is
+    `FOLDED` is left out (its results are among `consts`). `labels` become comments."""
     consts = consts or {}
     names: dict[int, str] = {s: f"c{s}" for s in consts}
     names.update({s: f"w{j}" for j, s in enumerate(bound_slots)})
@@ -105,6 +110,8 @@ def generate(steps: Sequence[tuple], *, in_slots: Sequence[int], out_slots: Sequ
         outs = (out,) if type(out) is int else tuple(out)
         args = [names.get(s, "None") for s in ins]
         ins_names.append(tuple(args))
+        if fn is FOLDED:  # its results are constants, named already
+            continue
         if fn is None:
             names[outs[0]] = args[0]
             kept_names.add(args[0])
@@ -117,7 +124,8 @@ def generate(steps: Sequence[tuple], *, in_slots: Sequence[int], out_slots: Sequ
                        else "")
             lines.append(f"    {target} = {call}{comment}")
             step_of_line[len(lines)] = t
-        dead = [s for s in dead if s not in kept and names[s] not in kept_names]
+        dead = [s for s in dead if s not in kept and names[s] not in kept_names
+                and s not in consts]
         if dead:
             lines.append(f"    del {', '.join(names[s] for s in dead)}")
     lines.append(f"    return [{', '.join(names.get(s, 'None') for s in out_slots)}]")

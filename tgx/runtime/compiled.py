@@ -31,11 +31,15 @@ from ..devices import aligned_copy, aligned_empty
 from ..errors import BindingError, DTypeError, KernelError
 from ..shapes import ShapedArray, check_dim_value, eval_dim, shape_str
 from ..transforms.evaluate import bind_dims
-from .codegen import RunFunction, generate
+from .codegen import FOLDED, RunFunction, generate
 from ..backends.threads import hold_one_blas_thread, release_blas_threads
 
 # Bindings kept specialized at once (each owns a workspace sized for its dims).
 MAX_SPECIALIZATIONS = 16
+
+
+#: results computed once per binding (`CompiledGraph._fold_constants`) held at most, per binding
+FOLD_MAX_BYTES = 64 << 20
 
 
 def allocate_workspace(nbytes: int) -> np.ndarray:
@@ -72,6 +76,8 @@ class Instruction:
     view_of: tuple | None = None
     #: the callable returns a tuple of results, one per output slot (a region)
     multi_out: bool = False
+    #: a function of its inputs alone (False: it writes a state buffer)
+    pure: bool = True
 
 
 @dataclass
@@ -134,6 +140,8 @@ class CompiledGraph:
         #: `x.reshape(...)`, `x[1:]`): copied before they are returned, so a result never
         #: shares memory with the caller's arrays (state results are the caller's arrays on
         #: purpose)
+        #: instructions that may read only constants, in order (`_fold_constants`)
+        self._foldable = self._foldable_instructions()
         self.input_alias_outs = self._input_alias_outs()
         #: whether torch tensors are accepted as state (set by the Plan: return_backend_arrays)
         self.state_backend_arrays = False
@@ -223,10 +231,49 @@ class CompiledGraph:
                 args[i] = alias
 
     # -- weights ----------------------------------------------------------------------------
+    def _foldable_instructions(self) -> tuple:
+        """The instructions whose inputs are all constants or results of such instructions
+        (an iota of a symbolic dim, the RoPE tables and masks made from it), none of whose
+        results is returned: `specialize` runs them once per binding."""
+        const = set(self.consts)
+        outs = set(self.out_slots)
+        found = []
+        for t, ins in enumerate(self.instructions):
+            if ins.pure and all(s in const for s in ins.ins) and not outs.intersection(ins.outs):
+                found.append(t)
+                const.update(ins.outs)
+        return tuple(found)
+
+    def _fold_constants(self, instrs: list, template: list, dims: dict) -> None:
+        """Run the foldable instructions on the binding's constants, once: their results
+        join `template` as constants and the instruction becomes `FOLDED` (left out of the
+        run). One that raises is left to run (and fail, with its context) in the call; a
+        binding whose folded results would pass `FOLD_MAX_BYTES` keeps the rest."""
+        total = 0
+        for t in self._foldable:
+            ins = self.instructions[t]
+            if any(template[s] is None for s in ins.ins):
+                continue
+            try:
+                res = ins.build(dims, None)(*[template[s] for s in ins.ins])
+            except Exception:  # noqa: BLE001 - the call reports it
+                continue
+            vals = tuple(res) if ins.multi_out or len(ins.outs) > 1 else (res,)
+            nbytes = sum(int(getattr(v, "nbytes", 0)) for v in vals)
+            if total + nbytes > FOLD_MAX_BYTES:
+                continue
+            total += nbytes
+            for slot, v in zip(ins.outs, vals):
+                b = self._const_backend(slot)
+                template[slot] = b.convert(v) if b is not None and type(v) is np.ndarray else v
+            fn, i, o, dead = instrs[t]
+            instrs[t] = (FOLDED, i, o, dead)
+
     def _input_alias_outs(self) -> tuple:
-        # constants too: a result sharing a closed-over array (or the plan's own constant)
-        # would let the caller's writes reach it
+        # constants too: a result sharing a closed-over array (or the plan's own constant, or
+        # a result computed once per binding) would let the caller's writes reach it
         views = set(self.in_slots) | set(self.consts)
+        views.update(s for t in self._foldable for s in self.instructions[t].outs)
         for ins in self.instructions:
             if ins.returns_view:
                 src = ins.ins if ins.view_of is None else [ins.ins[k] for k in ins.view_of]
@@ -340,6 +387,8 @@ class CompiledGraph:
             fn = to_host[t] if t in to_host else ins.build(dims, out)
             outs = ins.outs[0] if len(ins.outs) == 1 and not ins.multi_out else ins.outs
             instrs.append((fn, ins.ins, outs, dead))
+        if self._foldable:
+            self._fold_constants(instrs, template, dims)
         shapes = tuple((tuple(eval_dim(d, dims) for d in a.shape), a.dtype)
                        for a in self.in_avals)
         spec = Specialization(dims, template, tuple(instrs), shapes,
