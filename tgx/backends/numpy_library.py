@@ -127,19 +127,25 @@ def _sdpa_ok(avals, params):
 def numpy_sdpa(q, k, v, *mask, has_mask, is_causal, scale, enable_gqa):
     """Grouped-query attention without repeating keys: the query heads that share a key/value
     head are stacked into one (reps * L, E) matrix, so each key/value head is one matmul."""
+    return sdpa_with(masked_softmax, q, k, v, mask[0] if has_mask else None, is_causal,
+                     scale, enable_gqa)
+
+
+def sdpa_with(softmax, q, k, v, m, is_causal, scale, enable_gqa):
+    """`numpy_sdpa` with the attention weights computed by `softmax(scores, mask,
+    is_causal, scale)` (which may overwrite the scores)."""
     _, reps = _batch_shapes(*(ShapedArray(a.shape, a.dtype) for a in (q, k, v)), enable_gqa)
     L, S = q.shape[-2], k.shape[-2]
-    m = mask[0] if has_mask else None
     if reps == 1:
         s = np.matmul(q, np.swapaxes(k, -1, -2))
-        return np.matmul(_masked_softmax(s, m, is_causal, scale), v)
+        return np.matmul(softmax(s, m, is_causal, scale), v)
     *batch, hq, _, E = q.shape
     hk = hq // reps
     s = np.matmul(q.reshape(*batch, hk, reps * L, E), np.swapaxes(k, -1, -2))
     if m is not None and m.ndim >= 3:  # a head axis (1 or Hq) becomes (Hk, reps)
         hm = m.shape[-3]
         m = m.reshape(m.shape[:-3] + ((hk, reps) if hm != 1 else (1, 1)) + m.shape[-2:])
-    p = _masked_softmax(s.reshape(*batch, hk, reps, L, S), m, is_causal, scale)
+    p = softmax(s.reshape(*batch, hk, reps, L, S), m, is_causal, scale)
     return np.matmul(p.reshape(*batch, hk, reps * L, S), v).reshape(*batch, hq, L, E)
 
 
@@ -149,7 +155,7 @@ def numpy_sdpa(q, k, v, *mask, has_mask, is_causal, scale, enable_gqa):
 _TINY_SUM = 1e-15
 
 
-def _masked_softmax(s, mask, is_causal, scale):
+def masked_softmax(s, mask, is_causal, scale):
     """softmax(s * scale) over the last axis under a causal and/or given mask (bool: True
     attends; float: added); a row with every key masked gives zeros. `s` is overwritten.
 
