@@ -135,6 +135,43 @@ def test_a_plan_whose_kernel_changed_is_skipped(store, monkeypatch):
     assert "measured plan" not in c.lower(tgx.Spec(("N",))).policy
 
 
+def test_a_plan_measured_under_other_runtime_code_is_not_used(store, monkeypatch):
+    """A whole plan's time is as much the run loop's as its kernels': one measured before
+    the code that runs plans changed stays in the store, unused."""
+    g = seen(f)
+    monkeypatch.setattr(recipes, "runtime_fingerprint", lambda: "000000000000")
+    plant(store, g, {"N": 64}, "old runtime", heuristic_assignment(g, ["numpy"]), 1e-9)
+    assert recipes.best_measured(g, ["numpy"], store, {"N": 64}).label == "old runtime"
+    monkeypatch.undo()
+    assert recipes.best_measured(g, ["numpy"], store, {"N": 64}) is None
+    c = tgx.compile(f, policy="fastest", backends=["numpy"], store=store)
+    assert "measured plan" not in c.lower(tgx.Spec(("N",))).policy
+    assert len(store.traces()) == 1   # kept
+
+
+def test_the_runtime_fingerprint_follows_the_sources(tmp_path, monkeypatch):
+    root = tmp_path / "tgx"
+    (root / "planning").mkdir(parents=True)
+    for rel in recipes._RUNTIME_SOURCES:
+        path = root / rel
+        if rel.endswith(".py"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text("# " + rel)
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+            (path / "a.py").write_text("x = 1")
+    monkeypatch.setattr(recipes, "__file__", str(root / "planning" / "recipes.py"))
+    recipes.runtime_fingerprint.cache_clear()
+    try:
+        first = recipes.runtime_fingerprint()
+        recipes.runtime_fingerprint.cache_clear()
+        (root / "runtime" / "a.py").write_text("x = 2")
+        assert recipes.runtime_fingerprint() != first
+    finally:
+        monkeypatch.undo()
+        recipes.runtime_fingerprint.cache_clear()
+
+
 def test_explore_measures_the_shortlist_once_and_fastest_uses_it(store):
     g = seen(f)
     cm = CostModel(store)

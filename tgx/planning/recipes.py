@@ -10,7 +10,8 @@ one format). FASTEST takes the fastest *measured* plan of the graph at this bind
 same options it was measured with (bound weights, state), so what was measured is what runs.
 
 Recipes are keyed by the graph's structural hash, the workload (binding and input shapes),
-the environment, and the lowering options that change the run time (`recipe_name`). EXPLORE
+the environment, the lowering options that change the run time and the code that runs a
+lowered plan (`recipe_name`, `runtime_fingerprint`). EXPLORE
 also records each under the key of the graph *as traced* (`traced_key`), so that FASTEST in a
 later process finds the measured plan before it runs the stages that lead to the planned
 graph: matching pattern kernels imports every backend (torch and jax: ~2 s), which a plan
@@ -18,14 +19,18 @@ that does not run on them never needs.
 
 >>> import tgx, tgx.numpy as tnp
 >>> from tgx.planning.options import PlanOptions
->>> recipe_name(PlanOptions(weights=(0,)))
-'measured-plan+bound-weights'
+>>> name = recipe_name(PlanOptions(weights=(0,)))
+>>> name.startswith("measured-plan@") and name.endswith("+bound-weights")
+True
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
+import pathlib
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -62,14 +67,44 @@ class MeasuredPlan:
                          by=f"measured plan {self.label}: {near}")
 
 
+#: what runs a lowered plan besides its kernels (whose own source is in each plan's digest):
+#: the lowering, the runtime, the call path, the thread budget, the XLA executables
+_RUNTIME_SOURCES = ("lowering", "runtime", "jit.py", "backends/threads.py",
+                    "backends/xla_cache.py")
+
+
+@functools.cache
+def runtime_fingerprint() -> str:
+    """A digest of the code that runs a lowered plan (`_RUNTIME_SOURCES`). A whole plan's time
+    is as much this code's as its kernels': a generated run function, values computed once
+    per binding, the call's checks. Plans measured under other code are therefore not
+    figures for this code (`make demo` on a store from before a faster run loop kept taking
+    the jax plan it had measured, 0.82 ms, over the NumPy plan that then ran 0.72 ms), and
+    the fingerprint is part of the recipe name: such plans stay in the store, unused, and
+    EXPLORE measures again. Where the sources cannot be read, tgx's version stands in."""
+    root = pathlib.Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    try:
+        for rel in _RUNTIME_SOURCES:
+            path = root / rel
+            for f in sorted(path.glob("*.py")) if path.is_dir() else [path]:
+                h.update(f.name.encode())
+                h.update(f.read_bytes())
+    except OSError:  # (tgx is loaded: its version is read as the environment reads it)
+        return f"v{getattr(sys.modules.get('tgx'), '__version__', '?')}"
+    return h.hexdigest()[:12]
+
+
 def recipe_name(options) -> str:
     """The implementation name of plans measured with these lowering options: bound weights
     cost nothing per call and state updated in place costs less than a copy, so plans
     measured one way are not figures for another; nor are plans measured on NumPy arrays for
     a caller passing another library's (`args_on`: a NumPy plan called with jax arrays
     converts them on every call; the small MLP's training step ran 0.98 ms so, 6x the jax
-    plan)."""
-    return PLAN_NAME + ("+bound-weights" if options.weights else "") + (
+    plan); nor are plans measured under other code of what runs them
+    (`runtime_fingerprint`)."""
+    return f"{PLAN_NAME}@{runtime_fingerprint()}" + (
+        "+bound-weights" if options.weights else "") + (
         "+state" if options.state else "") + (
         f"+args-on-{options.args_on}" if options.args_on else "")
 
