@@ -456,10 +456,7 @@ def _numba_softmax(s, mask, is_causal, scale):
         m = m & mask.reshape(1, rows, keys)
         if not m.any(-1).all():
             return numpy_masked_softmax(s, mask, is_causal, scale)
-    s3 = np.ascontiguousarray(s.reshape(-1, rows, keys))
-    out = np.empty_like(s3)
-    masked_softmax_loop(s3, m, np.float32(scale), out, np.empty(keys, np.int32))
-    return out.reshape(s.shape)
+    return _softmax_rows(s, m, scale)
 
 
 def numba_softmax_sdpa(q, k, v, *mask, has_mask, is_causal, scale, enable_gqa):

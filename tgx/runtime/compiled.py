@@ -136,12 +136,12 @@ class CompiledGraph:
         self.state_reasons = tuple(state_reasons) or ("",) * len(self.state)
         #: outputs that may share memory with a state buffer: copied before they are returned
         self.state_alias_outs = tuple(state_alias_outs)
+        #: instructions that may read only constants, in order (`_fold_constants`)
+        self._foldable = self._foldable_instructions()
         #: outputs that may be an argument or a constant or a view of one (`x`,
         #: `x.reshape(...)`, `x[1:]`): copied before they are returned, so a result never
         #: shares memory with the caller's arrays (state results are the caller's arrays on
         #: purpose)
-        #: instructions that may read only constants, in order (`_fold_constants`)
-        self._foldable = self._foldable_instructions()
         self.input_alias_outs = self._input_alias_outs()
         #: whether torch tensors are accepted as state (set by the Plan: return_backend_arrays)
         self.state_backend_arrays = False
@@ -264,10 +264,15 @@ class CompiledGraph:
                 continue
             total += nbytes
             for slot, v in zip(ins.outs, vals):
-                b = self._const_backend(slot)
-                template[slot] = b.convert(v) if b is not None and type(v) is np.ndarray else v
-            fn, i, o, dead = instrs[t]
+                template[slot] = self._held_const(slot, v)
+            _, i, o, dead = instrs[t]
             instrs[t] = (FOLDED, i, o, dead)
+
+    def _held_const(self, slot: int, value):
+        """A binding's constant as the run holds it: one that jax alone reads converted once
+        here, not imported by every jax.jit call."""
+        b = self._const_backend(slot)
+        return b.convert(value) if b is not None and type(value) is np.ndarray else value
 
     def _input_alias_outs(self) -> tuple:
         # constants too: a result sharing a closed-over array (or the plan's own constant, or
@@ -306,6 +311,13 @@ class CompiledGraph:
             bound.append(prep[0].fn(x) if prep else x)  # a kernel's held form (Kernel.prepare)
             self.weight_conversions += 1
         self._bound_src, self._bound = src, tuple(bound)
+
+    def _bind_new_weights(self, args: Sequence[Any]) -> None:
+        """`bind_weights` when the weight arguments are not the objects bound last."""
+        bs = self._bound_src
+        if len(bs) != len(self.weight_args) or any(
+                args[i] is not b for i, b in zip(self.weight_args, bs)):
+            self.bind_weights(args)
 
     # -- binding ----------------------------------------------------------------------------
     def _dim_sources(self):
@@ -375,11 +387,7 @@ class CompiledGraph:
                             views[slot] = same[k]
         template: list[Any] = [None] * self.n_slots
         for slot, c in self.consts.items():
-            template[slot] = c(dims) if callable(c) else c
-            b = self._const_backend(slot)
-            if b is not None and type(template[slot]) is np.ndarray:
-                # read by jax alone: converted once here, not imported by every jax.jit call
-                template[slot] = b.convert(template[slot])
+            template[slot] = self._held_const(slot, c(dims) if callable(c) else c)
         instrs = []
         to_host = self._copies_to_host()
         for t, (ins, dead) in enumerate(zip(self.instructions, self.dead)):
@@ -578,10 +586,7 @@ class CompiledGraph:
             raise BindingError(f"expected {len(self.in_slots)} arguments, got {len(args)}")
         objs = self._check_state(args) if self.state else None
         if self.weight_copies:
-            bs = self._bound_src
-            if len(bs) != len(self.weight_args) or any(
-                    args[i] is not b for i, b in zip(self.weight_args, bs)):
-                self.bind_weights(args)
+            self._bind_new_weights(args)
         through = self._through
         for i, a in enumerate(args):
             if type(a) is not np.ndarray and (through[i] is None or
@@ -672,11 +677,10 @@ class CompiledGraph:
         if donated or out_backend is not None:
             spec = self._variant((), spec, (out_backend, donated))
         through_np = any(type(example[i]) is np.ndarray for i, _ in self._through_idx)
-        weights = self.weight_args if self.weight_copies else ()
         # immutable state computed afresh is the result as it is: nothing to write back
         finish = bool(np_state or private or self.state_alias_outs or self.input_alias_outs)
         execute = self._execute
-        prepare = bool(weights or private or through_np)
+        prepare = bool(self.weight_copies or private or through_np)
 
         def run(args: list) -> list:
             if len(set(map(id, args))) != n:  # one object passed twice: run_flat decides
@@ -693,11 +697,8 @@ class CompiledGraph:
                     objs[k] = x
             if prepare:
                 args = list(args)  # the caller's list keeps the objects it passed
-                if weights:
-                    bs = self._bound_src
-                    if len(bs) != len(weights) or any(
-                            args[i] is not b for i, b in zip(weights, bs)):
-                        self.bind_weights(args)
+                if self.weight_copies:
+                    self._bind_new_weights(args)
                 for a in private:
                     args[a] = aligned_copy(args[a])
                 if through_np:
