@@ -12,6 +12,7 @@ import tempfile
 import pytest
 
 # Set at import, before pytest-xdist starts its workers: they inherit it and share the cache.
+os.environ.pop("TGX_XLA_CACHE", None)  # the executables go beside the loops, in the test cache
 if "TGX_TEST_KERNEL_CACHE" in os.environ:
     os.environ["TGX_KERNEL_CACHE"] = os.environ["TGX_TEST_KERNEL_CACHE"]
 elif "_TGX_TEST_CACHE_OWNER" not in os.environ:

@@ -76,6 +76,18 @@ def test_the_kernel_cache_lives_beside_the_default_store(monkeypatch, tmp_path):
     assert kernel_cache_dir() is None and X.cache_dir() is None
 
 
+def test_tgx_xla_cache_moves_or_switches_off_the_executables_alone(monkeypatch, tmp_path):
+    from tgx.backends.kernel_cache import kernel_cache_dir
+
+    monkeypatch.setenv("TGX_KERNEL_CACHE", str(tmp_path / "k"))
+    monkeypatch.setenv("TGX_XLA_CACHE", str(tmp_path / "x"))
+    assert X.cache_dir() == tmp_path / "x" and kernel_cache_dir() == tmp_path / "k"
+    monkeypatch.setenv("TGX_XLA_CACHE", "off")
+    assert X.cache_dir() is None and kernel_cache_dir() == tmp_path / "k"
+    monkeypatch.setenv("TGX_XLA_CACHE", " ")
+    assert X.cache_dir() == tmp_path / "k" / "xla"
+
+
 def test_tests_do_not_write_into_the_users_kernel_cache():
     # conftest.py points the run at a temporary cache (inherited by xdist's workers and by
     # the subprocesses tests start)

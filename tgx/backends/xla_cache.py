@@ -52,7 +52,7 @@ import numpy as np
 
 from ..core import Literal
 from ..errors import Unsupported
-from .kernel_cache import kernel_cache_dir, write_atomic
+from .kernel_cache import OFF, kernel_cache_dir, write_atomic
 
 #: a compile shorter than this is not written (loading costs milliseconds; small regions
 #: compile in about as long)
@@ -215,10 +215,14 @@ def region_key(description: str, args, donate: tuple) -> str:
 
 
 def cache_dir() -> pathlib.Path | None:
-    """``<kernel cache>/xla``, or None: ``TGX_KERNEL_CACHE=off``, or jax's own persistent
-    cache is set up (the user's choice of where and what to keep is left as it is)."""
+    """``$TGX_XLA_CACHE`` (``off``: none), else ``<kernel cache>/xla`` (none where
+    ``TGX_KERNEL_CACHE=off``); None too where jax's own persistent cache is set up (the
+    user's choice of where and what to keep is left as it is)."""
     if jax.config.jax_compilation_cache_dir and jax.config.jax_enable_compilation_cache:
         return None
+    explicit = os.environ.get("TGX_XLA_CACHE", "").strip()
+    if explicit:
+        return None if explicit.lower() in OFF else pathlib.Path(explicit)
     d = kernel_cache_dir()
     return None if d is None else d / "xla"
 
