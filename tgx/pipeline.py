@@ -101,7 +101,8 @@ def measured_as_traced(graph: Graph, options: PlanOptions, backends,
     if store is None or unusable:
         return None
     dims = options.binding or hint_binding(graph.in_avals)
-    for m in measured_plans(graph, backends, store, dims, options=options, key=traced):
+    for m in measured_plans(graph, backends, store, dims, options=options, key=traced,
+                            stale=True):
         try:
             a = m.assignment()
         except SerializationError:  # a kernel changed since: the next one

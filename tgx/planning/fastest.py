@@ -77,7 +77,7 @@ def _fastest_measured(graph, backends, store, cm: CostModel, dims, options):
     `tolerance` admits, as an `Assignment`, or None."""
     if store is None:
         return None
-    for m in measured_plans(graph, backends, store, dims, cm.env_id, options):
+    for m in measured_plans(graph, backends, store, dims, cm.env_id, options, stale=True):
         try:
             a = m.assignment()
         except SerializationError:  # a kernel changed since: the next one

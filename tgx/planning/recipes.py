@@ -57,12 +57,15 @@ class MeasuredPlan:
     dims: dict = field(default_factory=dict)
     #: the backends it runs on, "+"-joined and sorted ("jax+numpy")
     backend: str = ""
+    #: measured under other code of what runs plans (`runtime_fingerprint`)
+    stale: bool = False
 
     def assignment(self) -> Assignment:
         """The measured `Assignment` (`SerializationError` when a kernel changed since)."""
         a = Assignment.from_bytes(self.payload)
         near = f"{self.median_s * 1e6:.0f} us" + (
-            f" at {', '.join(f'{k}={v}' for k, v in self.dims.items())}" if self.dims else "")
+            f" at {', '.join(f'{k}={v}' for k, v in self.dims.items())}" if self.dims else "") + (
+            " under other tgx code" if self.stale else "")
         return a.replace(predicted_s=self.median_s, dims=dict(self.dims),
                          by=f"measured plan {self.label}: {near}")
 
@@ -81,7 +84,11 @@ def runtime_fingerprint() -> str:
     figures for this code (`make demo` on a store from before a faster run loop kept taking
     the jax plan it had measured, 0.82 ms, over the NumPy plan that then ran 0.72 ms), and
     the fingerprint is part of the recipe name: such plans stay in the store, unused, and
-    EXPLORE measures again. Where the sources cannot be read, tgx's version stands in."""
+    EXPLORE measures again. FASTEST takes them only where no plan was measured under this
+    code (`measured_plans(stale=True)`): after an upgrade of tgx, the plan that was fastest
+    is a better guess than the cost model's (the 18-layer decode's per-equation plan put 24
+    equations on jax and its first call took 3.2 s, the measured NumPy plan's 0.75 s).
+    Where the sources cannot be read, tgx's version stands in."""
     root = pathlib.Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
     try:
@@ -163,8 +170,8 @@ def record_recipe(store, graph, assignment: Assignment, dims: Mapping, options,
 
 
 def measured_plans(graph, backends: Sequence[str], store, dims: Mapping,
-                   env_id: str | None = None, options=None, *,
-                   nearest: bool = True, key: str | None = None) -> list[MeasuredPlan]:
+                   env_id: str | None = None, options=None, *, nearest: bool = True,
+                   key: str | None = None, stale: bool = False) -> list[MeasuredPlan]:
     """The plans of `graph` measured (PASSED) on this machine that use only `backends` and
     were lowered with `options`' weights and state, fastest first, at the binding `dims`;
     `key`: look them up under this key (`traced_key`) instead of the graph's hash.
@@ -172,12 +179,30 @@ def measured_plans(graph, backends: Sequence[str], store, dims: Mapping,
     With `nearest` and nothing measured at `dims`, the plans of the *nearest measured binding*
     (the one whose total input elements are closest in log-space, the rule the cost model
     uses for kernels; see `MeasuredPlan.dims`): which plan is fastest changes slowly with
-    the size, and a measured plan at another size beats a prediction at this one."""
+    the size, and a measured plan at another size beats a prediction at this one. With
+    `stale` and nothing measured under this code, the plans measured under other code of
+    what runs plans, found the same way (`MeasuredPlan.stale`; `runtime_fingerprint`)."""
     options = options or PlanOptions()
     env_id = env_id or store.environment_id()
     ghash, wkey = graph_keys(graph, dims, key)
     name = recipe_name(options)
-    found = _measured_at(store, ghash, wkey, env_id, backends, name, dict(dims))
+    found = _measured_near(store, graph, ghash, wkey, env_id, backends, name, dims, nearest)
+    if found or not stale:
+        return found
+    return _measured_near(store, graph, ghash, wkey, env_id, backends, name, dims, nearest,
+                          stale=True)
+
+
+def _without_fingerprint(name: str) -> str:
+    """A recipe name with its `runtime_fingerprint` left out (`measured-plan@+state`)."""
+    head, _, rest = name.partition("@")
+    _, plus, flags = rest.partition("+")
+    return f"{head}@{plus}{flags}"
+
+
+def _measured_near(store, graph, ghash, wkey, env_id, backends, name, dims,
+                   nearest: bool, stale: bool = False) -> list[MeasuredPlan]:
+    found = _measured_at(store, ghash, wkey, env_id, backends, name, dict(dims), stale)
     if found or not nearest:
         return found
     here = _elements(graph, dims)
@@ -188,7 +213,8 @@ def measured_plans(graph, backends: Sequence[str], store, dims: Mapping,
         dist = abs(math.log(max(1, sum(math.prod(s) for s, _ in wl["inputs"])))
                    - math.log(max(1, here)))
         if best is None or dist < best[0]:
-            at = _measured_at(store, ghash, wl["key"], env_id, backends, name, wl["axes"])
+            at = _measured_at(store, ghash, wl["key"], env_id, backends, name, wl["axes"],
+                              stale)
             if at:
                 best = (dist, at)
     return best[1] if best else []
@@ -198,22 +224,29 @@ def _elements(graph, dims: Mapping) -> int:
     return sum(math.prod(concrete_shape(v.aval.shape, dims)) for v in graph.invars)
 
 
-def _measured_at(store, ghash, wkey, env_id, backends, name, axes) -> list[MeasuredPlan]:
+def _measured_at(store, ghash, wkey, env_id, backends, name, axes,
+                 stale: bool = False) -> list[MeasuredPlan]:
+    """The plans measured at one workload under the recipe name `name`; with `stale`, under
+    the names that differ from it in the runtime fingerprint alone."""
     best: dict[str, float] = {}
     for t in store.traces(graph_hash=ghash, workload=wkey, env_id=env_id, status="PASSED"):
         if t.get("median_s") is not None:
             best[t["impl"]] = min(best.get(t["impl"], float("inf")), float(t["median_s"]))
     allowed = set(backends)
+    other = _without_fingerprint(name)
     out = []
     for impl, median in sorted(best.items(), key=lambda kv: kv[1]):
         rec = store.get_implementation(impl)
-        if (rec is None or rec["kind"] != "GRAPH_RECIPE" or rec["name"] != name
+        if (rec is None or rec["kind"] != "GRAPH_RECIPE"
                 or not rec["payload"] or not set(rec["backend"].split("+")) <= allowed):
+            continue
+        if (rec["name"] == name or _without_fingerprint(rec["name"]) != other if stale
+                else rec["name"] != name):
             continue
         label = (rec.get("requirements") or {}).get("label") or payload_label(rec["payload"]) \
             or rec["backend"]
         out.append(MeasuredPlan(median, label, rec["payload"], impl, dict(axes),
-                                rec["backend"]))
+                                rec["backend"], stale))
     return out
 
 
