@@ -80,3 +80,56 @@ def test_sdpa_a_nan_score_gives_nan_in_its_row_only(sdpa):
     assert np.isnan(got[1, 2]).all() and not np.isnan(np.delete(got.reshape(8, 8), 6, 0)).any()
     np.testing.assert_allclose(np.nan_to_num(got, nan=7.0), np.nan_to_num(want, nan=7.0),
                                rtol=2e-5, atol=2e-5)
+
+
+# -- `linear[held-t]`: the weight held transposed, once per bound array ----------------------
+
+def _linear(w, x, b):
+    import tgx.nn as tnn
+    return tnn.linear(x, w, b)
+
+
+def _held_t_plan(tmp_path, fn, args):
+    import tgx
+    from tgx.store import BenchmarkStore
+
+    from .planted import plant_kernel
+    store = BenchmarkStore(tmp_path / "s.json")
+    plant_kernel(store, fn, args, "held-t")
+    f = tgx.compile(fn, weights="w", backends=["numpy"], store=store)
+    return f
+
+
+@settings(max_examples=10, deadline=None)
+@given(rows=st.sampled_from([(1,), (5,), (3, 4)]), k=st.integers(1, 40), n=st.integers(1, 40),
+       dtype=st.sampled_from([np.float32, np.float64]))
+def test_linear_held_t_matches_torch_and_follows_new_weights(tmp_path_factory, rows, k, n,
+                                                             dtype):
+    tmp_path = tmp_path_factory.mktemp("held")
+    rng = np.random.default_rng(k * 41 + n)
+    w, x, b = (rng.standard_normal(s).astype(dtype) for s in ((n, k), (*rows, k), (n,)))
+    f = _held_t_plan(tmp_path, _linear, (w, x, b))
+    plan = f.lower(w, x, b)
+    assert [k.variant for k in plan.kernels if k is not None] == ["held-t"]
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    want = torch.nn.functional.linear(*(torch.from_numpy(a.astype(np.float64)) for a in (x, w, b)))
+    np.testing.assert_allclose(f(w, x, b), want.numpy(), rtol=tol, atol=tol * k)
+    cg = plan.compiled
+    n_conv = cg.weight_conversions
+    w2 = (w * -2).astype(dtype)        # a new weight array: held transposed again, once
+    want2 = torch.nn.functional.linear(*(torch.from_numpy(a.astype(np.float64))
+                                         for a in (x, w2, b)))
+    for _ in range(2):
+        np.testing.assert_allclose(f(w2, x, b), want2.numpy(), rtol=tol, atol=tol * k)
+    assert cg.weight_conversions == n_conv + 1
+
+
+def test_linear_held_t_is_not_offered_for_a_computed_weight(tmp_path):
+    """`w * 2` is computed on every call: holding it transposed would copy it every call,
+    which the kernel's measured time does not include."""
+    rng = np.random.default_rng(0)
+    w, x, b = (rng.standard_normal(s).astype(np.float32) for s in ((6, 4), (3, 4), (6,)))
+    fn = lambda w, x, b: _linear(w * 2, x, b)  # noqa: E731
+    f = _held_t_plan(tmp_path, fn, (w, x, b))
+    np.testing.assert_allclose(f(w, x, b), x @ (2 * w).T + b, rtol=1e-5, atol=1e-5)
+    assert all(k is None or k.variant != "held-t" for k in f.lower(w, x, b).kernels)
