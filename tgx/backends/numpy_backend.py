@@ -20,6 +20,7 @@ from ..primitives.movement import dynamic_window
 from ..shapes import bfloat16, float16
 from .base import Backend, to_host
 from .registry import (
+    MethodCall,
     Kernel,
     add_kernel,
     matmul_layout_reason,
@@ -57,7 +58,16 @@ def _register_reference(name: str) -> None:
     # returning an input …): only the primitives known to build a fresh array are not marked.
     fresh = p.atomic and (p.elementwise or p.family == "reduction") and name not in _MAY_ALIAS
     add_kernel(Kernel(name, NAME, k, None, "default", returns_view=not fresh,
-                      source_hash=_impl_hash(p), dtype_exact=p.atomic))
+                      source_hash=_impl_hash(p), dtype_exact=p.atomic,
+                      specialize=_AS_METHOD.get(name)))
+
+
+#: views whose reference is one ndarray method: bound, the run function calls the method
+#: itself (`MethodCall`) instead of the reference through `np.reshape`'s Python wrapper
+_AS_METHOD = {
+    "reshape": lambda params, out: MethodCall("reshape", (tuple(params["new_sizes"]),)),
+    "transpose": lambda params, out: MethodCall("transpose", (tuple(params["permutation"]),)),
+}
 
 
 def _impl_hash(p) -> str:

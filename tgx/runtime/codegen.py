@@ -42,6 +42,8 @@ import keyword
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..backends.registry import MethodCall
+
 
 #: a step whose results are constants of the function already (computed once per binding):
 #: no line is generated for it
@@ -149,7 +151,14 @@ def _targets(names: list[str]) -> str:
 
 
 def _call(kname: str, fn: Callable, args: list[str], namespace: dict) -> str:
-    """The call expression for `fn(*args)`, with a plain `functools.partial` spelled out."""
+    """The call expression for `fn(*args)`, with a plain `functools.partial` spelled out and
+    a `MethodCall` written as the method call it is."""
+    if type(fn) is MethodCall and args and fn.name.isidentifier():
+        consts = []
+        for j, a in enumerate(fn.args):
+            namespace[f"{kname}_{j}"] = a
+            consts.append(f"{kname}_{j}")
+        return f"{args[0]}.{fn.name}({', '.join(args[1:] + consts)})"
     if type(fn) is functools.partial and all(
             k.isidentifier() and not keyword.iskeyword(k) for k in fn.keywords):
         namespace[kname] = fn.func
