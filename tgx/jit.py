@@ -24,11 +24,12 @@ import numpy as np
 
 from .backends import check_backends, owning_backend
 from .core import Graph, find_top_trace
+from .devices import offset_of
 from .errors import BindingError, DTypeError, OptionError, ShapeError, TgxError
 from .pipeline import plan_graph
 from .plan import Plan
 from .precision import check_precision
-from .planning.options import PlanOptions
+from .planning.options import UNALIGNED_MIN_BYTES, PlanOptions
 from .shapes import (
     ShapedArray,
     Spec,
@@ -190,7 +191,11 @@ class Compiled:
             shape[ax] = self._constrained.get(sym, sym)
         return Spec(tuple(shape), a.dtype)
 
-    def _plan(self, tree, avals, names, leaves=None, args_on: str | None = None) -> Plan:
+    def _plan(self, tree, avals, names, leaves=None, args_on: str | None = None,
+              arrays=None) -> Plan:
+        """The plan for a signature, made on its first call (`leaves`: that call's
+        arguments, whose binding it is chosen at) or by `lower` (`arrays`: its arguments,
+        arrays or Specs; the binding is the hint)."""
         key = (tree, avals, args_on)
         plan = self._plans.get(key)
         if plan is None:
@@ -206,9 +211,11 @@ class Compiled:
                             dims[d.name] = int(n)
             state = _state_pairs(graph, self._state_leaves.get(tree, ()),
                                  getattr(self.fn, "__name__", "the function"))
-            options = replace(self.options, in_names=names, dims=dims,
-                              weights=self._weight_leaves.get(tree, ()), state=state,
-                              args_on=args_on)
+            weights = self._weight_leaves.get(tree, ())
+            options = replace(self.options, in_names=names, dims=dims, weights=weights,
+                              state=state, args_on=args_on,
+                              in_offsets=_offsets(leaves if leaves is not None else arrays,
+                                                  weights))
             plan = plan_graph(graph, options)
             # lossy kernels stay only if the whole plan's error on these arguments is
             # within the tolerance (tgx.precision)
@@ -229,7 +236,7 @@ class Compiled:
             inner, dyn = self._with_static(args, kwargs)
             return inner.lower(**dyn)
         leaves, tree, avals, names = self._abstract(args, kwargs)
-        return self._plan(tree, avals, names, args_on=_args_on(leaves))
+        return self._plan(tree, avals, names, args_on=_args_on(leaves), arrays=leaves)
 
     def _with_static(self, args, kwargs) -> tuple:
         """(the compiled function for these static values, the other arguments by name)."""
@@ -507,6 +514,17 @@ def _callers_library(leaves: list) -> tuple | None:
     first = next(x for x in foreign if owning_backend(x) is owner)
     device = str(getattr(first, "device", "cpu"))
     return owner, "cpu" if device.startswith(("cpu", "TFRT_CPU", "CpuDevice")) else device
+
+
+def _offsets(leaves, weights) -> tuple[int, ...] | None:
+    """`PlanOptions.in_offsets` of a call's arguments: where each NumPy array of at least
+    `UNALIGNED_MIN_BYTES` that is not a weight (weights are converted once, when bound)
+    starts past an alignment boundary; None when all of them start on one."""
+    if leaves is None:
+        return None
+    out = tuple(offset_of(x) if type(x) is np.ndarray and i not in weights
+                and x.nbytes >= UNALIGNED_MIN_BYTES else 0 for i, x in enumerate(leaves))
+    return out if any(out) else None
 
 
 def _args_on(leaves: list) -> str | None:

@@ -148,7 +148,7 @@ def test_a_plan_measured_under_other_runtime_code_is_a_last_resort(store, monkey
         assert recipes.best_measured(g, ["numpy"], store, {"N": 64}).label == "old runtime"
     assert recipes.best_measured(g, ["numpy"], store, {"N": 64}) is None   # EXPLORE's view
     old = recipes.measured_plans(g, ["numpy"], store, {"N": 64}, stale=True)
-    assert [(p.label, p.stale) for p in old] == [("old runtime", True)]   # not "+state"'s
+    assert [(p.label, p.stale) for p in old] == [("old runtime", "under other tgx code")]
     c = tgx.compile(f, policy="fastest", backends=["numpy"], store=store)
     assert "under other tgx code" in c.lower(tgx.Spec(("N",))).policy
     x = np.linspace(-1, 1, 64, dtype=np.float32)
@@ -256,6 +256,48 @@ def test_a_state_explored_on_jax_arrays_is_timed_donated(store):
     fresh = jnp.ones(16, jnp.float32)
     assert "measured plan" in tgx.compile(step, backends=BACKENDS, store=store,
                                           state="w").lower(fresh, x).policy
+
+
+@settings(max_examples=20, deadline=None)
+@given(offsets=st.lists(st.sampled_from([0, 16, 32, 48]), min_size=1, max_size=4))
+def test_explore_draws_its_inputs_where_the_callers_start(offsets):
+    from tgx.devices import offset_of
+
+    g = tgx.make_graph(lambda *xs: sum(xs))(*[tgx.Spec((8, 8))] * len(offsets))
+    args = explore.random_plan_inputs(g, {}, tuple(offsets))
+    assert [offset_of(a) for a in args] == offsets
+    assert [offset_of(a) for a in explore.random_plan_inputs(g, {})] == [0] * len(offsets)
+
+
+def _placed(x, offset):
+    from tgx.devices import aligned_copy, offset_of
+
+    y = aligned_copy(x, offset)
+    assert offset_of(y) == offset
+    return y
+
+
+def test_plans_are_measured_on_arrays_placed_as_the_callers(store):
+    """XLA copies an unaligned host argument on every call: plans explored for a caller whose
+    large arguments are unaligned are measured on inputs placed so, and recorded apart
+    ("+unaligned"); a caller whose arrays are aligned uses them while nothing was measured
+    for it, and says so."""
+    big = np.linspace(-1, 1, 8192, dtype=np.float32)          # 32 KiB: counts
+    small = np.linspace(-1, 1, 64, dtype=np.float32)          # does not
+    c = tgx.compile(f, policy="explore", backends=["numpy"], store=store)
+    plan = c.lower(_placed(big, 16))
+    assert plan.options.in_offsets == (16,) and plan.options.unaligned
+    assert tgx.compile(f, backends=["numpy"]).lower(_placed(small, 16)).options.in_offsets \
+        is None
+    names = {r["name"] for r in store.implementations() if r["kind"] == "GRAPH_RECIPE"}
+    assert names and all(n.endswith("+unaligned") for n in names)
+    aligned = tgx.compile(f, backends=["numpy"], store=store)
+    x = _placed(big, 0)
+    assert "measured plan" in aligned.lower(x).policy
+    assert "on arrays placed otherwise" in aligned.lower(x).policy
+    np.testing.assert_allclose(aligned(x), ref(x), rtol=1e-6)
+    again = tgx.compile(f, backends=["numpy"], store=store)
+    assert "placed otherwise" not in again.lower(_placed(big, 48)).policy   # as explored
 
 
 def test_an_unmeasured_binding_uses_the_nearest_measured_one(store):

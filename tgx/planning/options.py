@@ -23,8 +23,11 @@ POLICIES = ("heuristic", "fastest", "explore")
 #: HEURISTIC keeps an equation on NumPy when none of its values exceeds this many elements
 #: at the planning hint: a torch or jax call costs microseconds, a NumPy one less
 TINY = 4096
+#: arguments from this size on count where they start (`PlanOptions.in_offsets`): XLA's copy
+#: of a smaller unaligned one costs a few microseconds at most
+UNALIGNED_MIN_BYTES = 16384
 
-__all__ = ["POLICIES", "TINY", "PlanOptions", "replace"]
+__all__ = ["POLICIES", "TINY", "UNALIGNED_MIN_BYTES", "PlanOptions", "replace"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,11 @@ class PlanOptions:
     `lossy_below`: under `tolerance`, kernels holding weights in a lower precision may be
     chosen when the error they promise (`Kernel.lossy`) is below this (`tgx.compile` lowers
     it when a plan's error on the first call exceeds the tolerance); `args_on`: the backend
-    whose arrays the caller passes (None: NumPy's), which whole plans are measured with.
+    whose arrays the caller passes (None: NumPy's), which whole plans are measured with;
+    `in_offsets`: per graph input, where the caller's NumPy array starts past a
+    `tgx.devices.ALIGNMENT` boundary (0 for weights, arrays under `UNALIGNED_MIN_BYTES` and
+    other libraries' arrays; None: all 0). XLA copies an unaligned host argument on every
+    call, so whole plans are measured on inputs placed as the caller's are.
     """
 
     policy: str = "fastest"
@@ -61,6 +68,7 @@ class PlanOptions:
     explore_budget: float | None = None
     lossy_below: float = math.inf
     args_on: str | None = None
+    in_offsets: tuple[int, ...] | None = None
 
     def __post_init__(self):
         if self.policy not in POLICIES:
@@ -87,6 +95,11 @@ class PlanOptions:
         """`memory_budget` as given: bytes, {device: bytes} or None."""
         b = self.memory_budget
         return dict(b) if isinstance(b, tuple) else b
+
+    @property
+    def unaligned(self) -> bool:
+        """Whether some input the caller passes is placed off an alignment boundary."""
+        return bool(self.in_offsets) and any(self.in_offsets)
 
     @property
     def binding(self) -> dict[str, int] | None:

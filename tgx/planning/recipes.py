@@ -57,15 +57,17 @@ class MeasuredPlan:
     dims: dict = field(default_factory=dict)
     #: the backends it runs on, "+"-joined and sorted ("jax+numpy")
     backend: str = ""
-    #: measured under other code of what runs plans (`runtime_fingerprint`)
-    stale: bool = False
+    #: how it was measured otherwise than the plan asked for would run ("" when as it
+    #: runs): "under other tgx code" (`runtime_fingerprint`), "on arrays placed otherwise"
+    #: (`PlanOptions.in_offsets`); see `measured_plans(stale=True)`
+    stale: str = ""
 
     def assignment(self) -> Assignment:
         """The measured `Assignment` (`SerializationError` when a kernel changed since)."""
         a = Assignment.from_bytes(self.payload)
         near = f"{self.median_s * 1e6:.0f} us" + (
             f" at {', '.join(f'{k}={v}' for k, v in self.dims.items())}" if self.dims else "") + (
-            " under other tgx code" if self.stale else "")
+            f" {self.stale}" if self.stale else "")
         return a.replace(predicted_s=self.median_s, dims=dict(self.dims),
                          by=f"measured plan {self.label}: {near}")
 
@@ -109,11 +111,15 @@ def recipe_name(options) -> str:
     a caller passing another library's (`args_on`: a NumPy plan called with jax arrays
     converts them on every call; the small MLP's training step ran 0.98 ms so, 6x the jax
     plan); nor are plans measured under other code of what runs them
-    (`runtime_fingerprint`)."""
+    (`runtime_fingerprint`); nor are plans measured on aligned arrays for a caller whose
+    arrays are not (`PlanOptions.in_offsets`: XLA copies those on every call; the LSTM step
+    of bench_selection.py's jax plan, measured at 838 us on aligned inputs, ran 1190 us on
+    the caller's arrays, where the torch plan ran 981 us)."""
     return f"{PLAN_NAME}@{runtime_fingerprint()}" + (
         "+bound-weights" if options.weights else "") + (
         "+state" if options.state else "") + (
-        f"+args-on-{options.args_on}" if options.args_on else "")
+        f"+args-on-{options.args_on}" if options.args_on else "") + (
+        "+unaligned" if options.unaligned else "")
 
 
 def graph_keys(graph, dims: Mapping, key: str | None = None) -> tuple[str, str]:
@@ -180,29 +186,56 @@ def measured_plans(graph, backends: Sequence[str], store, dims: Mapping,
     (the one whose total input elements are closest in log-space, the rule the cost model
     uses for kernels; see `MeasuredPlan.dims`): which plan is fastest changes slowly with
     the size, and a measured plan at another size beats a prediction at this one. With
-    `stale` and nothing measured under this code, the plans measured under other code of
-    what runs plans, found the same way (`MeasuredPlan.stale`; `runtime_fingerprint`)."""
+    `stale` and nothing measured so, the plans measured as they would run but for the parts
+    of the recipe name `_relaxed` leaves out, found the same way: first under other code of
+    what runs plans, then also on arrays placed otherwise (`MeasuredPlan.stale`)."""
     options = options or PlanOptions()
     env_id = env_id or store.environment_id()
     ghash, wkey = graph_keys(graph, dims, key)
     name = recipe_name(options)
-    found = _measured_near(store, graph, ghash, wkey, env_id, backends, name, dims, nearest)
-    if found or not stale:
-        return found
-    return _measured_near(store, graph, ghash, wkey, env_id, backends, name, dims, nearest,
-                          stale=True)
+    for level in range(len(_RELAXED) + 1 if stale else 1):
+        found = _measured_near(store, graph, ghash, wkey, env_id, backends, name, dims,
+                               nearest, level)
+        if found:
+            return found
+    return []
 
 
-def _without_fingerprint(name: str) -> str:
-    """A recipe name with its `runtime_fingerprint` left out (`measured-plan@+state`)."""
-    head, _, rest = name.partition("@")
-    _, plus, flags = rest.partition("+")
-    return f"{head}@{plus}{flags}"
+#: what FASTEST may leave out of a recipe name, in turn, where no plan was measured with
+#: all of it (`measured_plans(stale=True)`): the runtime fingerprint (after an upgrade of
+#: tgx, the plan that was fastest is a better guess than the cost model's), then where the
+#: arguments start (a caller whose arrays happen to be aligned where the explored ones were
+#: not: NumPy places arrays anywhere within 64 bytes, so that changes from run to run)
+_RELAXED = ("fingerprint", "+unaligned")
+
+
+def _relaxed(name: str, level: int) -> str:
+    """`name` without the first `level` parts of `_RELAXED`: `measured-plan@+state` for
+    `measured-plan@<fingerprint>+state+unaligned` at level 2."""
+    if level >= 1:
+        name = name.replace("@" + _fingerprint(name), "@", 1)
+    for part in _RELAXED[1:level]:
+        name = name.replace(part, "")
+    return name
+
+
+def _fingerprint(name: str) -> str:
+    return name.partition("@")[2].partition("+")[0]
+
+
+def _why_other(rec_name: str, name: str) -> str:
+    """How a plan recorded under `rec_name` was measured otherwise than `name` says ("")."""
+    why = []
+    if _fingerprint(rec_name) != _fingerprint(name):
+        why.append("under other tgx code")
+    if ("+unaligned" in rec_name) != ("+unaligned" in name):
+        why.append("on arrays placed otherwise")
+    return " and ".join(why)
 
 
 def _measured_near(store, graph, ghash, wkey, env_id, backends, name, dims,
-                   nearest: bool, stale: bool = False) -> list[MeasuredPlan]:
-    found = _measured_at(store, ghash, wkey, env_id, backends, name, dict(dims), stale)
+                   nearest: bool, level: int = 0) -> list[MeasuredPlan]:
+    found = _measured_at(store, ghash, wkey, env_id, backends, name, dict(dims), level)
     if found or not nearest:
         return found
     here = _elements(graph, dims)
@@ -214,7 +247,7 @@ def _measured_near(store, graph, ghash, wkey, env_id, backends, name, dims,
                    - math.log(max(1, here)))
         if best is None or dist < best[0]:
             at = _measured_at(store, ghash, wl["key"], env_id, backends, name, wl["axes"],
-                              stale)
+                              level)
             if at:
                 best = (dist, at)
     return best[1] if best else []
@@ -225,28 +258,27 @@ def _elements(graph, dims: Mapping) -> int:
 
 
 def _measured_at(store, ghash, wkey, env_id, backends, name, axes,
-                 stale: bool = False) -> list[MeasuredPlan]:
-    """The plans measured at one workload under the recipe name `name`; with `stale`, under
-    the names that differ from it in the runtime fingerprint alone."""
+                 level: int = 0) -> list[MeasuredPlan]:
+    """The plans measured at one workload under the recipe name `name`, or from `level` 1 on
+    under the names equal to it but for what `_relaxed` leaves out at that level."""
     best: dict[str, float] = {}
     for t in store.traces(graph_hash=ghash, workload=wkey, env_id=env_id, status="PASSED"):
         if t.get("median_s") is not None:
             best[t["impl"]] = min(best.get(t["impl"], float("inf")), float(t["median_s"]))
     allowed = set(backends)
-    other = _without_fingerprint(name)
+    want = _relaxed(name, level)
     out = []
     for impl, median in sorted(best.items(), key=lambda kv: kv[1]):
         rec = store.get_implementation(impl)
         if (rec is None or rec["kind"] != "GRAPH_RECIPE"
                 or not rec["payload"] or not set(rec["backend"].split("+")) <= allowed):
             continue
-        if (rec["name"] == name or _without_fingerprint(rec["name"]) != other if stale
-                else rec["name"] != name):
+        if _relaxed(rec["name"], level) != want:
             continue
         label = (rec.get("requirements") or {}).get("label") or payload_label(rec["payload"]) \
             or rec["backend"]
         out.append(MeasuredPlan(median, label, rec["payload"], impl, dict(axes),
-                                rec["backend"], stale))
+                                rec["backend"], _why_other(rec["name"], name)))
     return out
 
 

@@ -39,7 +39,7 @@ from .speedup import fill_speedup, is_reference
 def random_inputs(inputs: list, seed: int = 0, aligned: bool = False) -> tuple:
     """Arrays for ``[(shape, dtype), ...]``: floats ~ N(0, 1) rounded to their dtype,
     integers in [0, 10), bools uniform; with `aligned`, each starting on
-    `tgx.devices.ALIGNMENT` (as a caller's arrays usually are: XLA reads those in place).
+    `tgx.devices.ALIGNMENT` (as `tgx.aligned` places arrays: XLA reads those in place).
 
     >>> [a.dtype.name for a in random_inputs([((2,), "float32"), ((), "int64")])]
     ['float32', 'int64']
