@@ -494,6 +494,20 @@ def test_explore_races_a_stack_of_layers_shortened_and_confirms_on_the_whole(sto
     assert "measured plan" in f2.lower(ws, x, fresh()).policy
 
 
+def test_the_whole_graph_confirms_runners_up_on_the_same_backends():
+    """The shortened race ranks variants on one set of backends loosely too (the 18-layer
+    prefill's NumPy plans: 63.4 against 56.2 ms with two layers, 226 against 256 with all),
+    so those within CONFIRM are timed whole after the best of each set of backends."""
+    def m(label, backend, t):
+        return recipes.MeasuredPlan(t, label, b"", label, {}, backend)
+    ranked = [m("np-heuristic", "numpy", 56.2), m("np-selected", "numpy", 63.4),
+              m("torch", "torch", 80.0)]
+    assert explore.to_confirm(ranked) == ["np-heuristic", "np-selected"]
+    ranked = [m("jax", "jax", 1.0), m("jax-2", "jax", 1.02), m("np", "numpy", 1.05),
+              m("torch", "torch", 1.1), m("np-2", "numpy", 1.12)]
+    assert explore.to_confirm(ranked) == ["jax", "np", "torch"][:explore.CONFIRM_PLANS]
+
+
 def test_a_failing_shortened_race_falls_back_to_timing_every_plan_whole(store, monkeypatch):
     def net(ws, x):
         for w in ws:
