@@ -409,6 +409,14 @@ def _guard_function(tree, leaves: list, avals) -> Callable | None:
                 return False
             dims = [f"{name}.shape[{ax}] == {int(d)}" for ax, d in enumerate(aval.shape)
                     if type(d) is int]
+            held = getattr(x, "aval", None)
+            if len(dims) == len(aval.shape) and t.__module__.startswith("jaxlib") and \
+                    held is not None:
+                # a jax array's shape and dtype are Python properties (0.1 us each), its
+                # aval one property and a compare: 0.07 us (a training step's 87 leaves)
+                fail_unless(f"type({name}) is {const(t)} and {name}.aval == {const(held)}")
+                out.append(name)
+                return True
             if len(dims) == len(aval.shape):
                 shape_ok = f"{name}.shape == {const(tuple(int(n) for n in shape))}"
             else:  # symbolic dims: the run checks them against the binding

@@ -79,6 +79,28 @@ def test_a_call_that_differs_takes_the_slow_path(change):
     assert f.trace_count == 2
 
 
+@pytest.mark.parametrize("change", ["shape", "dtype", "weak type", "numpy"])
+def test_a_jax_array_call_that_differs_takes_the_slow_path(change):
+    """The guard checks a jax array by its aval (shape, dtype, weak type at once)."""
+    jnp = pytest.importorskip("jax.numpy")
+    f = tgx.compile(lambda t: _total(t), backends=["numpy", "jax"], policy="heuristic")
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    first = [jnp.asarray(a), jnp.asarray(a + 1)]
+    assert float(f(first)) == pytest.approx(_np_total([a, a + 1]))
+    assert float(f([jnp.asarray(a * 2), jnp.asarray(a)])) == pytest.approx(_np_total([a * 2, a]))
+    assert f.trace_count == 1 and len(f._guards) == 1
+    other = {
+        "shape": [jnp.asarray(a[:1]), jnp.asarray(a + 1)],
+        "dtype": [jnp.asarray(a, dtype=jnp.int32), jnp.asarray(a + 1)],
+        "weak type": [jnp.asarray(a), jnp.broadcast_to(jnp.asarray(2.0), (2, 3))],
+        "numpy": [a, jnp.asarray(a + 1)],
+    }[change]
+    want = _np_total([np.asarray(x) for x in other])
+    assert float(f(other)) == pytest.approx(want, rel=1e-6)
+    assert f.trace_count == 2 or change in ("weak type", "numpy")  # same avals: no retrace
+    assert len(f._guards) == 2
+
+
 def test_every_kind_of_container_is_checked_by_the_guard():
     f = tgx.compile(lambda t: _total(t), backends=["numpy"], policy="heuristic")
     x = np.ones(2, np.float32)
