@@ -20,9 +20,9 @@ from ..primitives.movement import dynamic_window
 from ..shapes import bfloat16, float16
 from .base import Backend, to_host
 from .registry import (
-    MethodCall,
     Kernel,
     add_kernel,
+    as_method,
     matmul_layout_reason,
     matmul_permutations,
     on_missing,
@@ -64,10 +64,8 @@ def _register_reference(name: str) -> None:
 
 #: views whose reference is one ndarray method: bound, the run function calls the method
 #: itself (`MethodCall`) instead of the reference through `np.reshape`'s Python wrapper
-_AS_METHOD = {
-    "reshape": lambda params, out: MethodCall("reshape", (tuple(params["new_sizes"]),)),
-    "transpose": lambda params, out: MethodCall("transpose", (tuple(params["permutation"]),)),
-}
+_AS_METHOD = {"reshape": as_method("reshape", "new_sizes"),
+              "transpose": as_method("transpose", "permutation")}
 
 
 def _impl_hash(p) -> str:

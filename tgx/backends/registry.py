@@ -47,6 +47,12 @@ class MethodCall:
         return getattr(x, self.name)(*rest, *self.args)
 
 
+def as_method(method: str, param: str) -> Callable:
+    """A `Kernel.specialize` binding a one-operand view as the operand's `method` called
+    with the value of its param `param` (`as_method("reshape", "new_sizes")`)."""
+    return lambda params, out: MethodCall(method, (tuple(params[param]),))
+
+
 @dataclass(frozen=True)
 class Prepare:
     """A one-time conversion of a kernel's operand `operand` into the form the kernel reads

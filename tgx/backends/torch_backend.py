@@ -22,7 +22,7 @@ from ..shapes import bfloat16, uint32
 from . import composites
 from .base import Backend
 from .registry import (
-    Kernel, MethodCall, add_kernel, matmul_layout_reason, matmul_permutations, register_kernel,
+    Kernel, add_kernel, as_method, matmul_layout_reason, matmul_permutations, register_kernel,
 )
 
 NAME = "torch"
@@ -154,8 +154,7 @@ def torch_matmul_out(x, y, *, dimension_numbers, out):
 
 # bound, a view is the tensor's own method, written as such in the run function (`MethodCall`)
 @register_kernel("reshape", NAME, returns_view=True,
-                 specialize=lambda params, out: MethodCall("reshape",
-                                                           (tuple(params["new_sizes"]),)))
+                 specialize=as_method("reshape", "new_sizes"))
 def torch_reshape(x, *, new_sizes):
     return x.reshape(new_sizes)
 
@@ -169,8 +168,7 @@ def torch_broadcast_in_dim(x, *, shape, broadcast_dimensions):
 
 
 @register_kernel("transpose", NAME, returns_view=True,
-                 specialize=lambda params, out: MethodCall("permute",
-                                                           (tuple(params["permutation"]),)))
+                 specialize=as_method("permute", "permutation"))
 def torch_transpose(x, *, permutation):
     return x.permute(permutation)
 

@@ -99,7 +99,7 @@ class PlanOptions:
     @property
     def unaligned(self) -> bool:
         """Whether some input the caller passes is placed off an alignment boundary."""
-        return bool(self.in_offsets) and any(self.in_offsets)
+        return any(self.in_offsets or ())
 
     @property
     def binding(self) -> dict[str, int] | None:

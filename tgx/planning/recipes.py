@@ -43,6 +43,8 @@ from .assignment import Assignment, payload_label
 from .options import PlanOptions
 
 PLAN_NAME = "measured-plan"
+#: in a recipe name: measured on inputs placed off an alignment boundary, as the caller's
+_UNALIGNED = "+unaligned"
 
 
 @dataclass(frozen=True)
@@ -119,7 +121,7 @@ def recipe_name(options) -> str:
         "+bound-weights" if options.weights else "") + (
         "+state" if options.state else "") + (
         f"+args-on-{options.args_on}" if options.args_on else "") + (
-        "+unaligned" if options.unaligned else "")
+        _UNALIGNED if options.unaligned else "")
 
 
 def graph_keys(graph, dims: Mapping, key: str | None = None) -> tuple[str, str]:
@@ -206,7 +208,7 @@ def measured_plans(graph, backends: Sequence[str], store, dims: Mapping,
 #: tgx, the plan that was fastest is a better guess than the cost model's), then where the
 #: arguments start (a caller whose arrays happen to be aligned where the explored ones were
 #: not: NumPy places arrays anywhere within 64 bytes, so that changes from run to run)
-_RELAXED = ("fingerprint", "+unaligned")
+_RELAXED = ("fingerprint", _UNALIGNED)
 
 
 def _relaxed(name: str, level: int) -> str:
@@ -228,7 +230,7 @@ def _why_other(rec_name: str, name: str) -> str:
     why = []
     if _fingerprint(rec_name) != _fingerprint(name):
         why.append("under other tgx code")
-    if ("+unaligned" in rec_name) != ("+unaligned" in name):
+    if (_UNALIGNED in rec_name) != (_UNALIGNED in name):
         why.append("on arrays placed otherwise")
     return " and ".join(why)
 
