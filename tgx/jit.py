@@ -216,11 +216,13 @@ class Compiled:
                               state=state, args_on=args_on,
                               in_offsets=_offsets(leaves if leaves is not None else arrays,
                                                   weights))
-            plan = plan_graph(graph, options)
+            # explore times whole plans on this call's own arguments
+            plan = plan_graph(graph, options, given=leaves)
             # lossy kernels stay only if the whole plan's error on these arguments is
             # within the tolerance (tgx.precision)
             plan = check_precision(
-                plan, leaves, lambda below: plan_graph(graph, replace(options, lossy_below=below)))
+                plan, leaves, lambda below: plan_graph(graph, replace(options, lossy_below=below),
+                                                       given=leaves))
             self._plans[key] = plan
             # a plan rebuilt from a measured whole plan may not carry the output structure
             self._out_trees[id(plan)] = graph.out_tree

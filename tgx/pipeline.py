@@ -36,6 +36,7 @@ Options travel as one frozen `PlanOptions`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from .backends import check_backends
@@ -60,12 +61,14 @@ STAGES = ("traced", "simplify", "patterns", "fuse", "select", "rebackend", "sche
           "buffers")
 
 
-def plan_graph(graph: Graph, options: PlanOptions | None = None, **kw) -> Plan:
+def plan_graph(graph: Graph, options: PlanOptions | None = None, *,
+               given: Sequence | None = None, **kw) -> Plan:
     """Choose a kernel per equation of `graph`, insert transfers, lower: a `Plan`.
 
     `options` (or the same fields as keywords; see `PlanOptions` and `tgx.compile`): the
     policy, backends, device, store, tolerance, binding `dims`, memory budget, weights,
-    state, argument names, and whether results stay in their backends' formats.
+    state, argument names, and whether results stay in their backends' formats. `given`:
+    a call's flat arguments, on which "explore" times whole plans (default: random ones).
 
     "fastest" and "explore" choose at the binding `dims` (default: every symbol at 64) with
     `store` (default: `BenchmarkStore()`). On a GPU `device` they fall back to the heuristic
@@ -85,7 +88,7 @@ def plan_graph(graph: Graph, options: PlanOptions | None = None, **kw) -> Plan:
                                     stages=[("traced", graph), ("select", found)])
     stages = [("traced", graph), *graph_stages(graph, options)]
     g = stages[-1][1]
-    assignment = select(g, options, backends, traced)
+    assignment = select(g, options, backends, traced, given)
     stages.append(("select", assignment))
     return lower_assignment(assignment, options, source_graph=graph, stages=stages)
 
@@ -131,10 +134,11 @@ def transform(graph: Graph, options: PlanOptions | None = None) -> Graph:
     return graph_stages(graph, options or PlanOptions())[-1][1]
 
 
-def select(graph: Graph, options: PlanOptions, backends, traced: str | None = None
-           ) -> Assignment:
+def select(graph: Graph, options: PlanOptions, backends, traced: str | None = None,
+           given: Sequence | None = None) -> Assignment:
     """The select stage: the policy's `Assignment` of `graph`; `traced`: the key of the graph
-    as traced, under which EXPLORE records the plans it measures too."""
+    as traced, under which EXPLORE records the plans it measures too; `given`: the
+    arguments EXPLORE times whole plans on (`tgx.explore.plan_inputs`)."""
     if options.policy == "heuristic":
         return heuristic_assignment(graph, backends, options.device)
     if options.device != "cpu":  # the store's figures are CPU timings
@@ -149,5 +153,5 @@ def select(graph: Graph, options: PlanOptions, backends, traced: str | None = No
     options = replace(options, store=store, dims=dims)
     if options.policy == "explore" and store is not None:
         # (plans are timed on arrays of the library the caller's are: `options.args_on`)
-        explore(graph, options, store, backends, dims, traced)
+        explore(graph, options, store, backends, dims, traced, given)
     return fastest_assignment(graph, options, store, flag=options.policy == "fastest")

@@ -540,6 +540,27 @@ def trace_to_graph(f: Callable, in_avals_tree: Any, hints: list | None = None,
         return b.build([t.variable for t in tracers], out_leaves, in_tree, out_tree)
 
 
+def one_equation_graph(eqn) -> Graph:
+    """A graph holding only `eqn`, with fresh inputs for its non-literal operands.
+
+    >>> g = make_graph(lambda x: x * 2.0)(ShapedArray((3,), np.dtype("float32")))
+    >>> len(one_equation_graph(g.eqns[0]).invars)
+    1
+    """
+    with GraphBuilder() as b:
+        args, ins = [], []
+        for a in eqn.invars:
+            if isinstance(a, Literal):
+                ins.append(a)
+            else:
+                t = b.new_arg(a.aval)
+                args.append(t)
+                ins.append(t)
+        outs = eqn.primitive.bind(*ins, **eqn.params)
+        outs = list(outs) if eqn.primitive.multiple_results else [outs]
+        return b.build([t.variable for t in args], outs)
+
+
 def abstractify(args: tuple, kwargs: dict, arg_names: Sequence[str] | None = None) -> tuple:
     """The pytree (args, kwargs) with every leaf replaced by its aval; `arg_names` (the
     positional parameters' names) name a bad leaf in the error (`params['layers'][3]['w']`)."""

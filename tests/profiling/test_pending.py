@@ -94,3 +94,38 @@ def test_speedup_under_explore_and_none_without_a_reference(store):
     lone = [{"graph_hash": "g", "workload": "w", "env_id": "e", "status": "PASSED",
              "timestamp": 1.0, "impl": "neg[out]@numpy#0", "median_s": 1e-6, "speedup": None}]
     assert fill_speedup(lone, store)[0]["speedup"] is None  # no reference measured
+
+
+def test_a_sweep_computes_one_golden_per_computation(tmp_path, monkeypatch):
+    """A `linear` and the `dot_general` it decomposes into compute the same on the same
+    inputs: a sweep over both computes their float64 golden once (a Gemma head's took
+    ~0.9 s), while a different computation on inputs of the same shapes (`tnp.matmul`'s
+    x @ w, a `dot_general` contracting other axes than `linear`'s x @ w.T) gets its own."""
+    import tgx.nn as tnn
+    from tgx.planning.candidates import accepted_kernels
+    from tgx.planning.cost_model import CostModel
+    from tgx.profiling import pending
+    from tgx.transforms.decompose import decomposition_graph
+
+    specs = (tgx.Spec((16, 16)), tgx.Spec((16, 16)))
+    lin = tgx.make_graph(lambda x, w: tnn.linear(x, w))(*specs)
+    dot = decomposition_graph(lin.eqns[0])
+    mm = tgx.make_graph(lambda x, w: tnp.matmul(x, w))(*specs)
+    eqns = [lin.eqns[0], dot.eqns[0], mm.eqns[0]]
+    assert [e.primitive.name for e in eqns] == ["linear", "dot_general", "dot_general"]
+    calls = []
+    golden = pending.compute_golden
+    monkeypatch.setattr(pending, "compute_golden",
+                        lambda fn, args: calls.append(fn) or golden(fn, args))
+    store = BenchmarkStore(str(tmp_path / "s.json"))
+    cm, cache = CostModel(store), {}
+    for e in eqns:
+        for k in accepted_kernels(e, "numpy"):
+            rec = pending.profile_kernel(e, k, {}, store, cm, 0.01, cache, [])
+            assert rec["status"] == "PASSED", (k, rec)
+    assert len(calls) == 2
+    x, w = pending.random_inputs([((16, 16), "float32")] * 2, cache={})
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    got = sorted(cache["goldens"].values(), key=lambda g: float(np.abs(g - x64 @ w64.T).max()))
+    np.testing.assert_allclose(got[0], x64 @ w64.T, rtol=1e-6)
+    np.testing.assert_allclose(got[1], x64 @ w64, rtol=1e-6)

@@ -32,7 +32,7 @@ from ..graph import structural_hash
 from ..profiling.timing import measure
 from ..shapes import concrete_shape, name_binding
 from ..store.schema import implementation_key, workload_key
-from ..tracing import GraphBuilder
+from ..tracing import one_equation_graph
 from ..transforms.decompose import decomposition_graph
 from .transfers import transfer_seconds
 
@@ -375,22 +375,6 @@ class CostModel:
 
 def kernel_name(kernel) -> str:
     return kernel.label
-
-
-def one_equation_graph(eqn):
-    """A graph holding only `eqn`, with fresh inputs for its non-literal operands."""
-    with GraphBuilder() as b:
-        args, ins = [], []
-        for a in eqn.invars:
-            if isinstance(a, Literal):
-                ins.append(a)
-            else:
-                t = b.new_arg(a.aval)
-                args.append(t)
-                ins.append(t)
-        outs = eqn.primitive.bind(*ins, **eqn.params)
-        outs = list(outs) if eqn.primitive.multiple_results else [outs]
-        return b.build([t.variable for t in args], outs)
 
 
 def calibrate(store=None, backends=None, budget_s: float = 0.2) -> dict[str, float]:

@@ -80,7 +80,7 @@ def _sdpa_shape(q, k, v, *mask, has_mask, is_causal, scale, enable_gqa):
 def _sdpa_impl(q, k, v, *mask, has_mask, is_causal, scale, enable_gqa):
     _, reps = _batch_shapes(*(ShapedArray(a.shape, np.dtype(np.float32)) for a in (q, k, v)),
                             enable_gqa)
-    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    q64, k64, v64 = (a.astype(np.float64, copy=False) for a in (q, k, v))
     if reps != 1:
         k64, v64 = np.repeat(k64, reps, axis=-3), np.repeat(v64, reps, axis=-3)
     s = np.matmul(q64, np.swapaxes(k64, -1, -2)) * scale

@@ -48,7 +48,7 @@ def _linear_shape(x, w, *b):
 
 @linear_p.def_impl
 def _linear_impl(x, w, *b):
-    y = np.matmul(x.astype(np.float64), w.astype(np.float64).T)
+    y = np.matmul(x.astype(np.float64, copy=False), w.astype(np.float64, copy=False).T)
     return (y + b[0] if b else y).astype(x.dtype)
 
 
@@ -83,7 +83,8 @@ def _matmul_shape(a, b):
 @matmul_p.def_impl
 def _matmul_impl(a, b):
     if is_float(a.dtype):
-        return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(a.dtype)
+        a64, b64 = a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)
+        return np.matmul(a64, b64).astype(a.dtype)
     return np.matmul(a, b)
 
 

@@ -29,39 +29,63 @@ from ..shapes import DTYPES, ShapedArray, concrete_shape, concretize, name_bindi
 from ..store.names import signature
 from ..store.schema import implementation_key
 from ..backends.threads import one_blas_thread
-from ..tracing import GraphBuilder
+from ..graph.hashing import structural_hash
+from ..tracing import GraphBuilder, one_equation_graph
+from ..transforms.decompose import decompose
 from .accuracy import DEFAULT_ATOL
 from .accuracy import golden as compute_golden
 from .runner import _refused, profile
 from .speedup import fill_speedup, is_reference
 
 
-def random_inputs(inputs: list, seed: int = 0, aligned: bool = False) -> tuple:
+def random_inputs(inputs: list, seed: int = 0, aligned: bool = False,
+                  cache: dict | None = None) -> tuple:
     """Arrays for ``[(shape, dtype), ...]``: floats ~ N(0, 1) rounded to their dtype,
     integers in [0, 10), bools uniform; with `aligned`, each starting on
     `tgx.devices.ALIGNMENT` (as `tgx.aligned` places arrays: XLA reads those in place).
 
+    Each array is drawn from its own stream, named by `seed`, its shape and dtype and how
+    many inputs of the same shape and dtype come before it, so equations that share an
+    input shape get the same array for it, whatever their other inputs; `cache`, a dict
+    shared by calls, keeps them (a Gemma head's 21M-weight table is the embedding's, the
+    head's and their decompositions': drawing it was 0.35 s each time).
+
     >>> [a.dtype.name for a in random_inputs([((2,), "float32"), ((), "int64")])]
     ['float32', 'int64']
+    >>> x, y = random_inputs([((3,), "float32"), ((3,), "float32")])
+    >>> z = random_inputs([((), "int64"), ((3,), "float32")])[1]
+    >>> bool((x != y).all()), bool((x == z).all())
+    (True, True)
     """
-    rng = np.random.default_rng(seed)
-    out = []
+    out, seen = [], {}
     for shape, dtype in inputs:
-        dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
-        shape = tuple(shape)
-        if dt == np.bool_:
-            x = rng.random(shape) < 0.5
-        elif np.issubdtype(dt, np.integer):
-            x = rng.integers(0, 10, shape).astype(dt)
-        elif dt in (np.float32, np.float64):   # drawn in the dtype: 4x faster for float32
-            # ... and in place when aligned: a copy of an 18-layer Gemma's 463 MiB of
-            # weights was 1 s, as long as drawing them (first touch of fresh pages)
-            x = aligned_empty(shape, dt) if aligned else None
-            x = np.asarray(rng.standard_normal(None if aligned else shape, dtype=dt, out=x))
-        else:
-            x = np.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dt)
-        out.append(aligned_copy(x) if aligned and x.ctypes.data % ALIGNMENT else x)
+        shape = tuple(int(n) for n in shape)
+        k = seen[(shape, dtype)] = seen.get((shape, dtype), -1) + 1
+        key = (shape, dtype, seed, k, aligned)
+        x = None if cache is None else cache.get(key)
+        if x is None:
+            x = _draw(shape, dtype, np.random.default_rng(
+                [seed, k, len(shape), *shape, sum(map(ord, str(dtype)))]), aligned)
+            if cache is not None:
+                cache[key] = x
+        out.append(x)
     return tuple(out)
+
+
+def _draw(shape: tuple, dtype, rng, aligned: bool) -> np.ndarray:
+    dt = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+    if dt == np.bool_:
+        x = rng.random(shape) < 0.5
+    elif np.issubdtype(dt, np.integer):
+        x = rng.integers(0, 10, shape).astype(dt)
+    elif dt in (np.float32, np.float64):   # drawn in the dtype: 4x faster for float32
+        # ... and in place when aligned: a copy of an 18-layer Gemma's 463 MiB of
+        # weights was 1 s, as long as drawing them (first touch of fresh pages)
+        x = aligned_empty(shape, dt) if aligned else None
+        x = np.asarray(rng.standard_normal(None if aligned else shape, dtype=dt, out=x))
+    else:
+        x = np.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dt)
+    return aligned_copy(x) if aligned and x.ctypes.data % ALIGNMENT else x
 
 
 class NotHere(TgxError):
@@ -352,8 +376,8 @@ def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0, *,
     reference (float64 inputs) as golden. A kernel with a pool of its own runs with BLAS on
     one thread, as in a plan: each call capped, or (`cap_each_call=False`) the caller caps
     the whole job (switching BLAS's pool on and off between calls disturbs the timing).
-    `inputs`: a cache of the random inputs by shapes, shared by the kernels of one equation
-    (drawing a Gemma head's 21M weights took as long as timing a kernel); `operands`: a
+    `inputs`: `random_inputs`'s cache, shared by the kernels of a sweep (drawing a Gemma
+    head's 21M weights took as long as timing a kernel); `operands`: a
     dict holding the last kernel's operands on its backend and their cold copies, which the
     next kernel of the same equation and backend reuses (a sweep takes them in that order;
     copying 64 MiB per kernel was ~15% of an 18-layer explore's kernel sweep)."""
@@ -362,13 +386,7 @@ def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0, *,
     params = {k: concretize(v, syms) for k, v in eqn.params.items()}
     descs = tuple((tuple(concrete_shape(a.aval.shape, env)), a.aval.dtype.name)
                   for a in eqn.invars if not isinstance(a, Literal))
-    if inputs is None:
-        drawn = random_inputs(list(descs), seed)
-    else:
-        drawn = inputs.get((descs, seed))
-        if drawn is None:
-            drawn = inputs[(descs, seed)] = random_inputs(list(descs), seed)
-    arrays = list(drawn)
+    arrays = list(random_inputs(list(descs), seed, cache=inputs))
     args = [np.asarray(a.val, a.aval.dtype) if isinstance(a, Literal) else arrays.pop(0)
             for a in eqn.invars]
     backend = get_backend(kernel.backend)
@@ -508,12 +526,15 @@ def profile_kernel(eqn: Any, kernel: Any, dims: dict, store: Any, cost_model: An
     job = kernel_job(eqn, kernel, dims, cap_each_call=False, inputs=inputs,
                      operands=None if cache is None else cache.setdefault("operands", {}))
     if goldens is not None and callable(job["golden"]):
-        key = (ghash, wkey)
+        # one golden per computation: a `linear` and the `dot_general` it decomposes into
+        # compute the same on the same inputs (a Gemma head's float64 golden: ~0.9 s)
+        key = (_meaning(eqn, cache.setdefault("meanings", {})), repr(descs), repr(axes))
         if key not in goldens:
             try:  # inputs may leave an op's domain: NaN where the golden has it too
                 with np.errstate(all="ignore"), warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)
-                    goldens[key] = compute_golden(job["golden"], job["host_args"])
+                    goldens[key] = compute_golden(job["golden"], _as_float64(
+                        job["host_args"], cache.setdefault("float64", {})))
             except Exception:  # the profiler reports a failing reference itself
                 goldens[key] = job["golden"]
         job["golden"] = goldens[key]
@@ -536,6 +557,37 @@ def profile_kernel(eqn: Any, kernel: Any, dims: dict, store: Any, cost_model: An
                 for _ in range(2)]
     rec = min(recs, key=lambda r: (r["status"] != "PASSED", r.get("median_s") or math.inf))
     return _record(store, rec, deferred)
+
+
+def _meaning(eqn: Any, memo: dict) -> str:
+    """What `eqn` computes, as a key: the structural hash of its graph decomposed to atomic
+    primitives (equations that compute the same on the same inputs share it)."""
+    key = (eqn.primitive.name, repr(sorted(eqn.params.items())),
+           tuple(str(a.aval) if not isinstance(a, Literal) else repr(a.val)
+                 for a in eqn.invars))
+    hit = memo.get(key)
+    if hit is None:
+        g = one_equation_graph(eqn)
+        try:
+            g = decompose(g)
+        except Exception:  # noqa: BLE001 - a decomposition that does not trace: as it is
+            pass
+        hit = memo[key] = structural_hash(g)
+    return hit
+
+
+def _as_float64(args: tuple, memo: dict) -> tuple:
+    """`args` with floating arrays as float64, each converted once per sweep (`memo`, by
+    identity: the sweep's random inputs live as long as it)."""
+    out = []
+    for a in args:
+        if isinstance(a, np.ndarray) and a.dtype.kind == "f" and a.dtype != np.float64:
+            hit = memo.get(id(a))
+            if hit is None or hit[0] is not a:
+                hit = memo[id(a)] = (a, a.astype(np.float64))
+            a = hit[1]
+        out.append(a)
+    return tuple(out)
 
 
 def _record(store, rec: dict, deferred: list | None) -> dict:
