@@ -533,6 +533,10 @@ def test_the_whole_graph_confirms_runners_up_on_the_same_backends():
     ranked = [m("jax", "jax", 1.0), m("jax-2", "jax", 1.02), m("np", "numpy", 1.05),
               m("torch", "torch", 1.1), m("np-2", "numpy", 1.12)]
     assert explore.to_confirm(ranked) == ["jax", "np", "torch"][:explore.CONFIRM_PLANS]
+    # the runner-up is timed whole however far behind: the short race ranks loosely
+    ranked = [m("np-loops", "numpy", 5.5), m("np-heuristic", "numpy", 6.8)]
+    assert explore.to_confirm(ranked) == ["np-loops", "np-heuristic"]
+    assert explore.to_confirm(ranked[:1]) == ["np-loops"]
 
 
 def test_a_failing_shortened_race_falls_back_to_timing_every_plan_whole(store, monkeypatch):

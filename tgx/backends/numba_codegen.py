@@ -429,7 +429,8 @@ def _generate(graph: Graph):
         src = _Emitter(r).source(fn_name)
         lib = _Library(src, fn_name)
         k = Kernel("fused", "numpy", _runner(r, lib, fn_name, False), variant="numba",
-                   pattern=graph, source_hash=hashlib.sha256(src.encode()).hexdigest())
+                   pattern=graph, source_hash=hashlib.sha256(src.encode()).hexdigest(),
+                   outs_into=True)
         hit = _KERNELS[key] = (k, _runner(r, lib, fn_name + "_parallel", True))
     return hit
 
@@ -463,12 +464,18 @@ class _Library:
 
 
 def _runner(r: Region, lib: _Library, fn_name: str, parallel: bool):
-    """`fn(*inputs)`: the inputs as the loops read them (contiguous 2-D views), fresh outputs
-    of the region's dtypes, the loops compiled on the first call."""
+    """`fn(*inputs, outs=None)`: the inputs as the loops read them (contiguous 2-D views),
+    fresh outputs of the region's dtypes, the loops compiled on the first call. `outs`
+    ({output position: array}) gives some outputs' arrays (`Kernel.outs_into`): the loops
+    write into them, or where one is an input not read index for index by one pass over the
+    elements, into a fresh array copied there at the end."""
     out_dtypes = [v.aval.dtype for v in r.body.outvars]
     geometry: dict = {}
+    # one pass per row, loads before stores (`_Emitter._pass_body`): an input read at the
+    # index being written may be the array written
+    one_pass = r.n_stages == 1 and not r.reductions
 
-    def run(*xs, **_):
+    def run(*xs, outs=None, **_):
         xs = [np.ascontiguousarray(x) if np.ndim(x) else np.asarray(x) for x in xs]
         shapes = tuple(x.shape for x in xs)
         geo = geometry.get(shapes)
@@ -483,19 +490,51 @@ def _runner(r: Region, lib: _Library, fn_name: str, parallel: bool):
             args.append(x.reshape(view[0]))
             if inp.lead:
                 args += view[1:]
-        outs = [np.empty(s, dt) for s, dt in zip(out_shapes, out_dtypes)]
+        given = _usable_outs(outs, xs, views, r, one_pass and (rows, cols), out_shapes,
+                             out_dtypes) if outs else {}
+        res = [given.get(n) if n in given else np.empty(s, dt)
+               for n, (s, dt) in enumerate(zip(out_shapes, out_dtypes))]
         args += [o.reshape(rows, cols) if kind == "elem" else o.reshape(rows)
-                 for o, kind in zip(outs, r.outputs)]
+                 for o, kind in zip(res, r.outputs)]
         try:
             lib.get(fn_name)(*args)
         except Exception:  # noqa: BLE001 - a broken on-disk cache entry: compile afresh
             if not lib.recompile():
                 raise
             lib.get(fn_name)(*args)
-        return outs[0] if len(outs) == 1 else outs
+        for n, o in (outs or {}).items():
+            if n not in given:   # an array the loops could not write into directly
+                np.copyto(o, res[n])
+                res[n] = o
+        return res[0] if len(res) == 1 else res
 
     run.__name__ = run.__qualname__ = fn_name
     return run
+
+
+def _usable_outs(outs: dict, xs: list, views: list, r: Region, grid: tuple | bool,
+                 out_shapes: list, out_dtypes: list) -> dict:
+    """The given output arrays the loops may write into directly: contiguous, of the
+    output's shape and dtype, and, where one is also an input, only if that input is read
+    at the index being written (`grid`: (rows, cols) of a one-pass region, else False; the
+    input a per-element one whose 2-D view is the whole grid, row for row)."""
+    ok, where = {}, {}
+    for i, x in enumerate(xs):
+        where.setdefault(id(x), []).append(i)
+    for n, o in outs.items():
+        if not (isinstance(o, np.ndarray) and o.flags.c_contiguous and o.dtype == out_dtypes[n]
+                and o.shape == tuple(out_shapes[n]) and r.outputs[n] == "elem"):
+            continue
+        # the state buffer itself (`tgx.lowering.state` turns an update reading a view of
+        # the state it overwrites into a copy: no other input shares its memory)
+        read = where.get(id(o), ())
+        if read and not (grid and all(
+                xs[i].shape == o.shape and r.inputs[i].kind == "elem"
+                and views[i] is not None and views[i][0] == grid and views[i][1] == 1
+                for i in read)):
+            continue
+        ok[n] = o
+    return ok
 
 
 def _row_block(rows: int) -> int:
@@ -558,13 +597,13 @@ def _specialize(params, out):
     return _generate(params["graph"])[1]
 
 
-def _parallel_fn(*xs, graph, **_):
-    return _generate(graph)[1](*xs)
+def _parallel_fn(*xs, graph, outs=None, **_):
+    return _generate(graph)[1](*xs, outs=outs)
 
 
 if HAVE_NUMBA:
     add_kernel(Kernel(
         "fused", "numpy", _parallel_fn, parallel_checker, "numba-parallel",
-        specialize=_specialize, own_pool=True,
+        specialize=_specialize, own_pool=True, outs_into=True,
         source_hash=hashlib.sha256(pathlib.Path(__file__).read_bytes()
                                    + SOURCE_HASH.encode()).hexdigest()))

@@ -116,6 +116,10 @@ class Kernel:
       caller's inputs stays within it (`tgx.compile`).
     - `own_pool`: the kernel runs on a thread pool of its own (numba's): a plan with such
       kernels runs with BLAS on one thread (`tgx.backends.threads`).
+    - `outs_into`: `fn` also takes `outs={output position: array}` and writes those outputs
+      into the given arrays, where an input may be one of them, read index for index before
+      it is written (the loops generated for an elementwise region: an optimizer step writes
+      its new parameters and moments into the state buffers, `tgx.lowering.state`).
     """
 
     name: str
@@ -138,6 +142,7 @@ class Kernel:
     prepare: tuple = field(default=(), compare=False)
     lossy: float | None = None
     own_pool: bool = False
+    outs_into: bool = False
 
     def prepared(self, args: list) -> list:
         """`args` with the operands this kernel prepares converted (what the profiler times,

@@ -166,19 +166,28 @@ def _inplace_instruction(e, b, slot_of, lit_slot, index):
                        returns_view=True, view_of=(0,), pure=False)
 
 
-def _into_state_instruction(e, kernel, b, buffer, slot_of, lit_slot, index):
-    """An elementwise op writing its result into a state buffer (`buffer`, its first input):
-    `fn(buf, *operands)` calls the kernel with `out=buf`."""
-    ins = (slot_of(buffer),) + tuple(lit_slot(a, b) if isinstance(a, Literal) else slot_of(a)
-                                     for a in e.invars)
+def _into_state_instruction(e, kernel, b, buffers, slot_of, lit_slot, index):
+    """An elementwise op writing its result into a state buffer, or the loops of an
+    elementwise region writing some of theirs into state buffers (`buffers`: {output
+    position: S's buffer variable}; the buffers are its first inputs): `fn(*bufs, *operands)`
+    calls the kernel with `out=buf` (`outs={position: buf}`)."""
+    pos = tuple(buffers)
+    ins = tuple(slot_of(buffers[n]) for n in pos) + tuple(
+        lit_slot(a, b) if isinstance(a, Literal) else slot_of(a) for a in e.invars)
+    many = kernel.outs_into and not (e.primitive.elementwise and len(e.outvars) == 1
+                                     and kernel.writes_out)
+    n_buf = len(pos)
 
     def build(dims, out):
         fn = kernel.bind(_params(e, dims), None)
+        if many:
+            return lambda *a: fn(*a[n_buf:], outs=dict(zip(pos, a[:n_buf])))
         return lambda buf, *xs: fn(*xs, out=buf)
 
-    return Instruction(f"{kernel!r}[into state]", b, build, ins, (slot_of(e.outvars[0]),),
-                       (e.outvars[0].aval,), (index,), returns_view=True, view_of=(0,),
-                       pure=False)
+    return Instruction(f"{kernel!r}[into state]", b, build, ins,
+                       tuple(slot_of(v) for v in e.outvars), tuple(v.aval for v in e.outvars),
+                       (index,), returns_view=True, view_of=tuple(range(n_buf)), pure=False,
+                       multi_out=len(e.outvars) > 1)
 
 
 def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bool = True,

@@ -52,8 +52,8 @@ class StatePlan:
     #: indices of graph outputs (not state outputs) that may share memory with a state
     #: buffer: copied before they are returned
     alias_outs: tuple = ()
-    #: elementwise updates (equation index → the variable holding S's buffer on its
-    #: backend): the op writes its result into that buffer
+    #: elementwise updates (equation index → {output position: the variable holding S's
+    #: buffer on its backend}): the op writes those outputs into those buffers
     buffers: dict = field(default_factory=dict)
     #: ids of the values that may share memory with a buffer updated in place (the state
     #: argument, its updates, their copies and views)
@@ -93,27 +93,34 @@ def _chain(graph, eqns, backends, producer, s_var, o_atom):
 
 
 def _elementwise_update(eqns, backends, kernels, producer, s_var, o_atom, host: str):
-    """(equation index, S's buffer variable on its backend) when O is an elementwise op that
-    can write into S's buffer (see the module doc), else None."""
-    j = producer.get(o_atom.id) if isinstance(o_atom, Var) else None
+    """(equation index, output position, S's buffer variable on its backend) when O is an
+    elementwise op, or an output of the loops generated for an elementwise region
+    (`Kernel.outs_into`), that can write into S's buffer (see the module doc), else None."""
+    if not isinstance(o_atom, Var):
+        return None
+    x = o_atom
+    j = producer.get(x.id)
     while j is not None and _zero_copy_transfer(eqns[j], backends[j]):  # back to the host
         x = eqns[j].invars[0]
         j = producer.get(x.id)
     if j is None:
         return None
     e, b, k = eqns[j], backends[j], kernels[j]
-    if not (e.primitive.elementwise and len(e.outvars) == 1 and k is not None
-            and k.writes_out and k.dtype_exact and get_backend(b).inplace):
+    if k is None or not k.dtype_exact or not get_backend(b).inplace:
         return None
+    if not ((e.primitive.elementwise and len(e.outvars) == 1 and k.writes_out)
+            or k.outs_into):
+        return None
+    pos = next(n for n, v in enumerate(e.outvars) if v.id == x.id)
     s, o = s_var.aval, o_atom.aval
     if s.dtype != o.dtype or not shapes_provably_equal(s.shape, o.shape):
         return None
     if b == host:
-        return j, s_var
+        return j, pos, s_var
     for te, tb in zip(eqns, backends):  # S's zero-copy view on b
         if (_zero_copy_transfer(te, tb) and te.invars[0].id == s_var.id
                 and te.params.get("backend") == b):
-            return j, te.outvars[0]
+            return j, pos, te.outvars[0]
     return None
 
 
@@ -133,17 +140,18 @@ def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: S
 
     chains: dict[int, list] = {}
     reasons = [""] * len(state)
-    buffers: dict[int, Var] = {}      # elementwise update -> S's buffer variable
+    # elementwise update -> {pair: (its output position, S's buffer variable)}
+    buffers: dict[int, dict] = {}
     taken: set = set()
     for p, (a, o) in enumerate(state):
         chain, why = _chain(graph, eqns, backends, producer, graph.invars[a], graph.outvars[o])
         if chain is None:
             hit = _elementwise_update(eqns, backends, kernels, producer, graph.invars[a],
                                       graph.outvars[o], host_name())
-            if hit is not None and hit[0] not in taken:  # one op cannot write two buffers
+            if hit is not None and hit[:2] not in taken:  # one output, one buffer
                 chain = [hit[0]]
-                buffers[hit[0]] = hit[1]
-                taken.add(hit[0])
+                buffers.setdefault(hit[0], {})[p] = hit[1:]
+                taken.add(hit[:2])
         if chain is None:
             reasons[p] = why
         else:
@@ -157,7 +165,8 @@ def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: S
         alias.setdefault(graph.invars[a].id, {})[p] = 0
     for p, chain in chains.items():
         for j in chain:
-            in_chain[j] = p
+            if j not in buffers:
+                in_chain[j] = p
     readers: dict[int, list] = {p: [] for p in range(len(state))}  # pair -> [(eqn, version)]
     for j, e in enumerate(eqns):
         seen: dict[int, int] = {}
@@ -165,10 +174,11 @@ def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: S
             if not isinstance(x, Var) or x.id not in alias:
                 continue
             for p, ver in alias[x.id].items():
-                if j in buffers and in_chain.get(j) == p:
+                if p in buffers.get(j, ()):
                     # an elementwise update may read the buffer it writes, index for index
-                    if x.id not in (graph.invars[state[p][0]].id, buffers[j].id) or \
-                            not shapes_provably_equal(x.aval.shape, e.outvars[0].aval.shape):
+                    pos, buf = buffers[j][p]
+                    if x.id not in (graph.invars[state[p][0]].id, buf.id) or \
+                            not shapes_provably_equal(x.aval.shape, e.outvars[pos].aval.shape):
                         reasons[p] = reasons[p] or ("the update reads a view of the state "
                                                     "it overwrites")
                     seen[p] = min(ver, seen.get(p, ver))
@@ -180,11 +190,10 @@ def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: S
                 seen[p] = min(ver, seen.get(p, ver))
         for p, ver in seen.items():
             readers[p].append((j, ver))
-        if j in buffers:  # writes version 1 of its pair's buffer
-            p = in_chain[j]
-            updates[p].append(j)
-            for v in e.outvars:
-                alias.setdefault(v.id, {})[p] = 1
+        if j in buffers:  # writes version 1 of its pairs' buffers
+            for p, (pos, _) in buffers[j].items():
+                updates[p].append(j)
+                alias.setdefault(e.outvars[pos].id, {})[p] = 1
         elif j in in_chain:
             p = in_chain[j]
             ver = alias[e.invars[0].id][p]
@@ -237,10 +246,12 @@ def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: S
     for p in list(chains):
         if reasons[p]:
             del chains[p]
-    buffers = {j: v for j, v in buffers.items() if in_chain[j] in chains}
+    buffers = {j: {p: pv for p, pv in d.items() if p in chains} for j, d in buffers.items()}
+    buffers = {j: d for j, d in buffers.items() if d}
     edges = [(j, u) for j, u in edges if any(u in updates[p] for p in chains)]
     # an elementwise update reads S's buffer without naming it: after the view is made
-    edges += [(producer[v.id], j) for j, v in buffers.items() if v.id in producer]
+    edges += [(producer[v.id], j) for j, d in buffers.items() for _, v in d.values()
+              if v.id in producer]
     order = _stable_topo(eqns, producer, edges) if edges else identity
     if order is None:  # the orderings of several pairs contradict each other
         for p in chains:
@@ -249,6 +260,7 @@ def plan_state(graph: Graph, eqns: Sequence, backends: Sequence[str], kernels: S
     inplace = frozenset(j for p in chains for j in updates[p])
     copy = tuple(p not in chains for p in range(len(state)))
     shared = frozenset(v for v, pairs in alias.items() if any(p in chains for p in pairs))
+    buffers = {j: dict(d.values()) for j, d in buffers.items()}
     return StatePlan(order, inplace, copy, tuple(reasons), tuple(alias_outs), buffers, shared)
 
 
