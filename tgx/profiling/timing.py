@@ -97,7 +97,8 @@ def measure(fn: Callable, args: Sequence[Any] = (), *,
             budget_s: float = 1.0, rel_tol: float = 0.02, cold_l2: bool = False,
             warmup_s: float = 0.0) -> Timing:
     """Time ``fn(*args)``: `warmup` calls (and more until `warmup_s` has passed), then
-    samples until the median is stable.
+    samples until the median is stable. `warmup=0` is for a call known to be long, which
+    the caller has just made: no calls are batched then.
 
     `warmup_s` lets thread pools settle: they outlive the call that started them (OpenBLAS
     workers spin ~0.1 s, torch's OpenMP pool, XLA's), so a function timed right after
@@ -135,7 +136,7 @@ def measure(fn: Callable, args: Sequence[Any] = (), *,
 
     single = float("inf")
     n, until = 0, time.perf_counter() + warmup_s
-    while n < max(1, warmup) or time.perf_counter() < until:
+    while n < warmup or time.perf_counter() < until:
         t0 = time.perf_counter()
         once()
         single = min(single, time.perf_counter() - t0)
