@@ -181,7 +181,8 @@ def candidate_assignments(graph: Graph, backends: Sequence[str], cost_model, dim
     """{label: Assignment} worth measuring as a whole: the heuristic plan, each
     single-backend plan, and the best predicted plan on every set of `backends` (one
     backend included: there the selection takes the measured pattern kernels and generated
-    loops the heuristic leaves out); duplicates dropped; `labels`: only those. Ordered by
+    loops the heuristic leaves out), also without kernels on thread pools of their own
+    (" serial"); duplicates dropped; `labels`: only those. Ordered by
     the cost model's time, fastest first."""
     options = options or PlanOptions()
     out: dict[str, Assignment] = {}
@@ -202,13 +203,30 @@ def candidate_assignments(graph: Graph, backends: Sequence[str], cost_model, dim
     add("heuristic", lambda: heuristic_assignment(graph, backends))
     for b in backends:
         add(b, lambda b=b: heuristic_assignment(graph, [b]))
+    serial = cost_model.without_own_pools()
+    chosen: dict = {}
+
+    def selected(subset, cm) -> Assignment:
+        a = realize(select(graph, list(subset), cm, dims, weights=options.weights,
+                           patterns=options.patterns, fuse=options.fuse), "explore")
+        if cm is cost_model:
+            chosen[subset] = a
+        return a
+
+    def selected_serially(subset) -> Assignment:
+        # without kernels that cap BLAS for the whole plan (own pools), which no per-kernel
+        # figure prices (`CostModel.without_own_pools`); where the selection holds none,
+        # it is the same plan (dropped as a duplicate, no second selection)
+        a = chosen.get(subset)
+        if a is not None and not any(k is not None and k.own_pool for k in a.kernels):
+            return a
+        return selected(subset, serial)
+
     for n in range(1, len(backends) + 1):
         for subset in itertools.combinations(backends, n):
             label = "+".join(subset) if n > 1 else f"{subset[0]} selected"
-            add(label, lambda subset=subset: realize(
-                select(graph, list(subset), cost_model, dims, weights=options.weights,
-                       patterns=options.patterns, fuse=options.fuse),
-                "explore"))
+            add(label, lambda subset=subset: selected(subset, cost_model))
+            add(f"{label} serial", lambda subset=subset: selected_serially(subset))
 
     def predicted(a: Assignment) -> float:
         if a.predicted_s is not None:

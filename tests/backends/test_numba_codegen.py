@@ -585,3 +585,30 @@ def test_generated_loops_write_into_an_input_only_where_it_is_read_in_place():
     got = kernel.fn(s, outs={0: s})                  # two passes: written at the end
     assert got is s
     np.testing.assert_allclose(s, want, rtol=1e-6)
+
+
+def test_explore_also_races_each_selection_without_kernels_on_pools_of_their_own():
+    """A kernel with a thread pool of its own caps BLAS for the whole plan, which no
+    per-kernel figure shows: the shortlist holds each selection again without such kernels
+    (a 4-layer LM's training step: 188 ms with numba's parallel loops, 133 without)."""
+    from tgx.explore import candidate_assignments
+    from tgx.pipeline import transform
+    from tgx.planning.cost_model import CostModel, Estimate
+    from tgx.planning.options import PlanOptions
+
+    class Measured(CostModel):   # as if the store had measured the parallel loops fastest
+        def kernel(self, eqn, kernel, dims):
+            fast = kernel.name == "fused" and kernel.variant == "numba-parallel"
+            return Estimate(1e-7 if fast else 1e-5, "measured", "planted")
+
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((64, 640)).astype(np.float32)
+    w = rng.standard_normal(640).astype(np.float32)
+    opts = PlanOptions(backends=["numpy"], patterns=False)
+    g = transform(tgx.make_graph(_hand_rms)(x, w), opts)
+    cands = candidate_assignments(g, ["numpy"], Measured(), {}, opts)
+    pools = {label: any(k is not None and k.own_pool for k in a.kernels)
+             for label, a in cands.items()}
+    assert pools["numpy selected"] and not pools["numpy selected serial"]
+    assert any(k is not None and k.variant == "numba"
+               for k in cands["numpy selected serial"].kernels)

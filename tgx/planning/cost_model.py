@@ -20,6 +20,7 @@ overheads here).
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -101,11 +102,15 @@ class CostModel:
     `store`: a `BenchmarkStore` or None (cost model only). `env_id`: the environment to read
     (default: this machine's). `tolerance`: kernels whose measured max relative error exceeds
     it are `excluded`; lossy kernels (weights held in a lower precision) are excluded without
-    it, and with it when they promise an error of `lossy_below` or more.
+    it, and with it when they promise an error of `lossy_below` or more. `own_pools=False`:
+    kernels with a thread pool of their own (`Kernel.own_pool`) are excluded too
+    (`without_own_pools`).
     """
 
-    def __init__(self, store=None, env_id=None, tolerance=None, lossy_below: float = math.inf):
+    def __init__(self, store=None, env_id=None, tolerance=None, lossy_below: float = math.inf,
+                 own_pools: bool = True):
         self.store = store
+        self.own_pools = own_pools
         self.tolerance = tolerance
         #: lossy kernels (`Kernel.lossy`) promising an error below this may be chosen under
         #: `tolerance`
@@ -122,6 +127,21 @@ class CostModel:
         self._parts: dict = {}       # ... and backend, fusion, binding -> its parts' seconds
         if store is not None and len(store):
             self._load_calibration()
+
+    def without_own_pools(self) -> CostModel:
+        """This cost model (sharing its figures) with the kernels that run on a thread pool of
+        their own excluded. Such a kernel caps BLAS at one thread for the whole plan that
+        holds it (`tgx.backends.threads`), which no per-kernel figure shows: a training step
+        of a 4-layer LM (d=256) selected on NumPy with numba's parallel loops was predicted
+        at 115.9 ms and ran 188 ms; selected without them (the serial loops, BLAS on two
+        threads), 133 ms (2026-11-24, session 14).
+
+        >>> CostModel().without_own_pools().own_pools
+        False
+        """
+        other = copy.copy(self)
+        other.own_pools = False
+        return other
 
     @property
     def env_id(self) -> str | None:
@@ -337,6 +357,8 @@ class CostModel:
         A lossy kernel needs `tolerance=`; its error is then judged on the whole plan (a
         path-level budget, `tgx.compile`), not here: per kernel it is bounded by the
         profiler's pass criterion (`Kernel.lossy`)."""
+        if kernel.own_pool and not self.own_pools:
+            return f"{kernel!r} runs on a thread pool of its own (a selection without them)"
         if kernel.lossy is not None:
             if self.tolerance is None:
                 return f"{kernel!r} holds operands in a lower precision: only under tolerance="
