@@ -341,6 +341,21 @@ def free_inputs(eqns: Sequence[Eqn]) -> list[Var]:
     return list(out.values())
 
 
+def equation_key(eqn: Eqn) -> tuple:
+    """What identifies an equation's computation up to its variables: the primitive, the
+    params, the input types and literal values (memo key of the cost model, the selection
+    and the kernel sweep).
+
+    >>> import tgx, tgx.numpy as tnp
+    >>> g = tgx.make_graph(lambda x: (x * 2.0, x * 2.0, x * 3.0))(tgx.Spec((2,)))
+    >>> [equation_key(e) == equation_key(g.eqns[0]) for e in g.eqns]
+    [True, True, False]
+    """
+    return (eqn.primitive.name, repr(sorted(eqn.params.items())),
+            tuple(str(a.aval) if not isinstance(a, Literal) else repr(a.val)
+                  for a in eqn.invars))
+
+
 def primitive_by_name(name: str) -> Primitive:
     """The primitive registered as `name` (`import tgx` registers every family); a
     `TgxError` naming it when there is none."""

@@ -174,13 +174,11 @@ def _into_state_instruction(e, kernel, b, buffers, slot_of, lit_slot, index):
     pos = tuple(buffers)
     ins = tuple(slot_of(buffers[n]) for n in pos) + tuple(
         lit_slot(a, b) if isinstance(a, Literal) else slot_of(a) for a in e.invars)
-    many = kernel.outs_into and not (e.primitive.elementwise and len(e.outvars) == 1
-                                     and kernel.writes_out)
     n_buf = len(pos)
 
     def build(dims, out):
         fn = kernel.bind(_params(e, dims), None)
-        if many:
+        if kernel.outs_into:
             return lambda *a: fn(*a[n_buf:], outs=dict(zip(pos, a[:n_buf])))
         return lambda buf, *xs: fn(*xs, out=buf)
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..backends import available_backends, backend_available, get_backend
 from ..backends.registry import kernels_for
-from ..core import Literal
+from ..core import Literal, equation_key
 from ..graph import structural_hash
 from ..profiling.timing import measure
 from ..shapes import concrete_shape, name_binding
@@ -171,9 +171,7 @@ class CostModel:
         return ghash, {f"s{i}": env[s] for i, s in enumerate(syms)}, inputs
 
     def _graph_key(self, eqn):
-        key = (eqn.primitive.name, repr(sorted(eqn.params.items())),
-               tuple(str(a.aval) if not isinstance(a, Literal) else repr(a.val)
-                     for a in eqn.invars))
+        key = equation_key(eqn)
         hit = self._keys.get(key)
         if hit is None:
             g = one_equation_graph(eqn)

@@ -34,7 +34,7 @@ import ml_dtypes
 import numpy as np
 
 from ..backends import host_name
-from ..core import Graph, Literal, Var
+from ..core import Graph, Literal, Var, equation_key
 from ..errors import KernelError, TgxError
 from ..transforms.decompose import decomposition_graph
 from ..transforms.rewrite import eval_into, rebind, transform_graph
@@ -93,12 +93,6 @@ class Selection:
         return "\n".join(lines)
 
 
-def _eqn_key(eqn) -> tuple:
-    return (eqn.primitive.name, repr(sorted(eqn.params.items())),
-            tuple(str(a.aval) if not isinstance(a, Literal) else repr(a.val)
-                  for a in eqn.invars))
-
-
 def check_tolerance(graph: Graph, tolerance: float | None) -> None:
     """A tolerance below a result dtype's unit roundoff cannot be met: an error."""
     if tolerance is None:
@@ -136,7 +130,7 @@ class _Selector:
     def options(self, eqn, depth: int = 0) -> dict[str, Choice]:
         # which operands are bound weights matters: kernels that prepare an operand once
         # (`Kernel.prepare`) are offered only where it is one
-        key = (_eqn_key(eqn), tuple(self.backends),
+        key = (equation_key(eqn), tuple(self.backends),
                tuple(isinstance(a, Var) and a.id in self.free for a in eqn.invars))
         hit = self._options.get(key)
         if hit is None:
@@ -188,7 +182,7 @@ class _Selector:
                    and eqn.invars[p.operand].id in self.free for p in kernel.prepare)
 
     def _sub_graph(self, eqn):
-        key = _eqn_key(eqn)
+        key = equation_key(eqn)
         if key not in self._subs:
             sub = decomposition_graph(eqn)
             if eqn.primitive.name != "fused":  # inside a composite, not in a body again
@@ -200,7 +194,7 @@ class _Selector:
     def decomposition_bound(self, eqn, depth: int) -> float:
         """A lower bound on the decomposition's time: each sub-equation at its cheapest, no
         transfers. When a kernel already beats it, the decomposition is not solved."""
-        key = _eqn_key(eqn)
+        key = equation_key(eqn)
         if key not in self._bounds:
             try:
                 self._bounds[key] = sum(
@@ -211,7 +205,7 @@ class _Selector:
         return self._bounds[key]
 
     def decomposition(self, eqn, home: str, depth: int) -> Selection | None:
-        key = (_eqn_key(eqn), home)
+        key = (equation_key(eqn), home)
         if key not in self._decomp:
             sub = self._sub_graph(eqn)
             saved, self.backends = self.backends, [home]  # the whole decomposition on `home`:

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..backends import get_backend
 from ..backends.registry import kernels_for
-from ..core import Literal, primitive_by_name
+from ..core import Literal, equation_key, primitive_by_name
 from ..devices import ALIGNMENT, aligned_copy, aligned_empty
 from ..errors import TgxError
 from ..shapes import DTYPES, ShapedArray, concrete_shape, concretize, name_binding
@@ -562,9 +562,7 @@ def profile_kernel(eqn: Any, kernel: Any, dims: dict, store: Any, cost_model: An
 def _meaning(eqn: Any, memo: dict) -> str:
     """What `eqn` computes, as a key: the structural hash of its graph decomposed to atomic
     primitives (equations that compute the same on the same inputs share it)."""
-    key = (eqn.primitive.name, repr(sorted(eqn.params.items())),
-           tuple(str(a.aval) if not isinstance(a, Literal) else repr(a.val)
-                 for a in eqn.invars))
+    key = equation_key(eqn)
     hit = memo.get(key)
     if hit is None:
         g = one_equation_graph(eqn)
