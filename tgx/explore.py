@@ -244,7 +244,7 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
                         env_id: str | None = None, time_limit_s: float | None = None,
                         progress: bool | None = False, traced: str | None = None,
                         close: bool = True, min_plans: int = 0, far: float = FAR,
-                        inputs: Sequence | None = None) -> int:
+                        inputs: Sequence | None = None, lowered: dict | None = None) -> int:
     """Time each assignment of {label: Assignment}, lowered with `options` exactly as
     `tgx.compile` lowers it (bound weights, state buffers), on random inputs at `dims`
     (checked against the reference evaluator) and record a GRAPH_RECIPE trace with the
@@ -266,7 +266,9 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
     `time_limit_s`: no further plan is lowered and checked once this much time has passed
     (those measured so far are still timed and recorded), after the first `min_plans`;
     `progress`: a bar on stderr (None: on a terminal); `traced`: the key of the graph as
-    traced (`recipes.traced_key`), under which each trace is recorded too."""
+    traced (`recipes.traced_key`), under which each trace is recorded too; `lowered`: a dict
+    that gets {assignment_digest: Plan} of the plans that passed their check, for the
+    caller to run the one it chooses without lowering (and compiling) it again."""
     if not assignments:
         return 0
     options = options or PlanOptions()
@@ -314,6 +316,8 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
                                  timed=False)
         if recs[impl]["status"] == "PASSED":
             runs[impl] = _as_called(plan, args, options)
+            if lowered is not None:
+                lowered[assignment_digest(a, options)] = plan
     passes: dict[str, list] = {impl: [] for impl in runs}
     rnd = random.Random(0)
 
@@ -358,7 +362,8 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
 
 
 def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
-            dims: Mapping, traced: str | None = None, given: Sequence | None = None) -> None:
+            dims: Mapping, traced: str | None = None, given: Sequence | None = None
+            ) -> dict:
     """EXPLORE: profile the unmeasured candidate kernels of `graph`, then measure the
     shortlist of whole plans lowered with `options`; FASTEST then chooses from the store.
 
@@ -366,7 +371,11 @@ def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
     what is left; what the budget leaves out is measured by a later explore. A progress bar
     goes to stderr on a terminal (`$TGX_PROGRESS=1/0` forces it on/off). `traced`: the key
     of the graph as traced (`recipes.traced_key`), under which plans are recorded too;
-    `given`: the caller's arguments, on which whole plans are timed (`plan_inputs`)."""
+    `given`: the caller's arguments, on which whole plans are timed (`plan_inputs`).
+
+    Returns {assignment_digest: Plan} of the whole plans it lowered and checked: the caller
+    runs the chosen one as it is (lowering a jax plan again compiles it again with XLA:
+    1.3-2.3 s of an 18-layer prefill's explore)."""
     start, budget = time.monotonic(), options.explore_budget
 
     def left():
@@ -396,9 +405,11 @@ def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
         # calls cost the most), the shortened race's winner first and whatever the budget
         cands = {label: cands[label] for label in labels if label in cands}
         confirm = {"rounds": CONFIRM_ROUNDS, "close": False, "min_plans": 1}
+    lowered: dict = {}
     measure_assignments(graph, cands, store, dims, options, env_id=cm.env_id,
                         time_limit_s=left(), progress=None, traced=traced, inputs=args,
-                        **confirm)
+                        lowered=lowered, **confirm)
+    return lowered
 
 
 def _as_called(plan, args: list, options: PlanOptions):

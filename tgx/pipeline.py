@@ -49,7 +49,7 @@ from .planning.fastest import fastest_assignment
 from .planning.heuristic import heuristic_assignment
 from .planning.kernel_patterns import match_patterns
 from .planning.options import PlanOptions
-from .planning.recipes import measured_plans, traced_key
+from .planning.recipes import assignment_digest, measured_plans, traced_key
 from .planning.regions import fuse_regions
 from .serialize import SerializationError
 from .shapes import hint_binding
@@ -88,8 +88,13 @@ def plan_graph(graph: Graph, options: PlanOptions | None = None, *,
                                     stages=[("traced", graph), ("select", found)])
     stages = [("traced", graph), *graph_stages(graph, options)]
     g = stages[-1][1]
-    assignment = select(g, options, backends, traced, given)
+    lowered: dict = {}
+    assignment = select(g, options, backends, traced, given, lowered)
     stages.append(("select", assignment))
+    plan = lowered.get(assignment_digest(assignment, options))
+    if plan is not None:  # EXPLORE lowered, ran and timed this very plan: run it as it is
+        lowering = [(n, p) for n, p in plan.stages if n in STAGES[-4:]]
+        return Plan(assignment, plan.graph, plan.compiled, options, graph, stages + lowering)
     return lower_assignment(assignment, options, source_graph=graph, stages=stages)
 
 
@@ -135,10 +140,11 @@ def transform(graph: Graph, options: PlanOptions | None = None) -> Graph:
 
 
 def select(graph: Graph, options: PlanOptions, backends, traced: str | None = None,
-           given: Sequence | None = None) -> Assignment:
+           given: Sequence | None = None, lowered: dict | None = None) -> Assignment:
     """The select stage: the policy's `Assignment` of `graph`; `traced`: the key of the graph
     as traced, under which EXPLORE records the plans it measures too; `given`: the
-    arguments EXPLORE times whole plans on (`tgx.explore.plan_inputs`)."""
+    arguments EXPLORE times whole plans on (`tgx.explore.plan_inputs`); `lowered`: a dict
+    that gets EXPLORE's lowered plans ({assignment_digest: Plan})."""
     if options.policy == "heuristic":
         return heuristic_assignment(graph, backends, options.device)
     if options.device != "cpu":  # the store's figures are CPU timings
@@ -153,5 +159,7 @@ def select(graph: Graph, options: PlanOptions, backends, traced: str | None = No
     options = replace(options, store=store, dims=dims)
     if options.policy == "explore" and store is not None:
         # (plans are timed on arrays of the library the caller's are: `options.args_on`)
-        explore(graph, options, store, backends, dims, traced, given)
+        found = explore(graph, options, store, backends, dims, traced, given)
+        if lowered is not None:
+            lowered.update(found)
     return fastest_assignment(graph, options, store, flag=options.policy == "fastest")
