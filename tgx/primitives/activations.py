@@ -91,8 +91,8 @@ _GELU_C = float(np.sqrt(2.0 / np.pi))
 
 
 def _gelu_ref(x, *, approximate):
-    if approximate == "tanh":
-        return 0.5 * x * (1 + np.tanh(_GELU_C * (x + 0.044715 * x ** 3)))
+    if approximate == "tanh":  # x * x * x: NumPy's x ** 3 calls pow per element (5x slower)
+        return 0.5 * x * (1 + np.tanh(_GELU_C * (x + 0.044715 * (x * x * x))))
     return 0.5 * x * (1 + special().erf(x / np.sqrt(2.0)))
 
 
