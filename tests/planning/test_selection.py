@@ -95,3 +95,36 @@ def test_select_reports_sources_and_total():
     s = select(g, ["numpy"], CostModel(), {})
     assert s.sources() == ["cost model"] * 3 and s.total > 0
     assert "µs" in str(s)
+
+
+def test_decomposition_graphs_are_shared_by_selections_until_the_registry_changes(tmp_path):
+    """Every selection of a process sees the same decomposition graph of an equation (EXPLORE
+    selects on each set of backends, for a shortened graph and a whole one: building them
+    again was ~1 s of an 18-layer prefill's explore), until a kernel is registered or
+    removed: then it is built again, with what the registry now offers."""
+    import numpy as np
+
+    import tgx.nn as tnn
+    from tgx.backends.registry import generation, register_kernel, remove_kernel
+    from tgx.planning import selection
+    from tgx.store import BenchmarkStore
+
+    g = tgx.make_graph(lambda x: tnn.gelu(x, approximate="tanh") * 2.0)(tgx.Spec((64, 64)))
+    cm = CostModel(BenchmarkStore(str(tmp_path / "s.json")))
+
+    def subs():
+        return {k: v for k, v in selection._SUBS.items() if k[1] == ("numpy",)}
+    select(g, ["numpy"], cm, {})
+    first = subs()
+    assert first and all(k[-1] == generation() for k in first)
+    select(g, ["numpy"], cm, {})
+    assert subs() == first and all(subs()[k] is v for k, v in first.items())
+    before = generation()
+    register_kernel("tanh", "numpy", variant="test-generation")(np.tanh)
+    try:
+        assert generation() != before
+        select(g, ["numpy"], cm, {})
+        assert {k[-1] for k in subs()} == {before, generation()}
+    finally:
+        remove_kernel("tanh", "numpy", "test-generation")
+    assert generation() not in (before, before + 1)

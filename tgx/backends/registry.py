@@ -200,6 +200,8 @@ class Kernel:
 
 
 _KERNELS: dict[tuple[str, str], list[Kernel]] = {}
+# bumped at each change of `_KERNELS`: what is derived from the registry is cached under it
+_GENERATION = [0]
 # backend -> fn(name) registering kernels for a primitive declared after the backend loaded
 # (NumPy wraps every primitive's reference implementation this way).
 _LATE: dict[str, Callable[[str], None]] = {}
@@ -249,7 +251,14 @@ def add_kernel(kernel: Kernel) -> Kernel:
                                .encode()).hexdigest()
         kernel = Kernel(**{**kernel.__dict__, "source_hash": h})
     ks.append(kernel)
+    _GENERATION[0] += 1
     return kernel
+
+
+def generation() -> int:
+    """A number that changes whenever a kernel is registered or removed (a cache of what the
+    registry offers keys by it)."""
+    return _GENERATION[0]
 
 
 def matmul_layout_reason(avals: list, params: dict) -> str | None:
@@ -293,6 +302,7 @@ def remove_kernel(name: str, backend: str, variant: str = "default") -> None:
     if len(kept) == len(ks):
         raise TgxError(f"no kernel {name}@{backend} (variant {variant!r}) to remove")
     _KERNELS[(name, backend)] = kept
+    _GENERATION[0] += 1
 
 
 def kernels_for(name: str, backend: str) -> list[Kernel]:

@@ -34,6 +34,7 @@ import ml_dtypes
 import numpy as np
 
 from ..backends import host_name
+from ..backends.registry import generation
 from ..core import Graph, Literal, Var, equation_key
 from ..errors import KernelError, TgxError
 from ..transforms.decompose import decomposition_graph
@@ -43,6 +44,14 @@ from .candidates import Candidate, candidates, loop_declines
 from .cost_model import CostModel, Estimate
 from .kernel_patterns import is_generated
 from .regions import offer_kernels
+
+#: an equation's decomposition graph with the pattern kernels and loops offered on it, by
+#: (equation key, backends, patterns, fuse, registry generation): the same for every
+#: selection of a process (EXPLORE selects a graph on each set of backends, for its
+#: shortened graph and its whole one: building them again was ~1 s of an 18-layer
+#: prefill's explore)
+_SUBS: dict = {}
+MAX_SUBS = 4096
 
 # Above this many DP states per step (live values x backends x copies) the exact frontier DP
 # gives way to DP + local improvement.
@@ -123,7 +132,6 @@ class _Selector:
         self.free = frozenset(free)  # value ids whose transfers are free (bound weights)
         self._decomp: dict = {}
         self._options: dict = {}  # equation key -> options (independent of where inputs live)
-        self._subs: dict = {}     # equation key -> its decomposition graph
         self._bounds: dict = {}   # equation key -> lower bound of its decomposition's time
 
     # -- options per equation --------------------------------------------------------------
@@ -182,14 +190,18 @@ class _Selector:
                    and eqn.invars[p.operand].id in self.free for p in kernel.prepare)
 
     def _sub_graph(self, eqn):
-        key = equation_key(eqn)
-        if key not in self._subs:
+        key = (equation_key(eqn), tuple(self.all_backends), self.patterns, self.fuse,
+               generation())
+        sub = _SUBS.get(key)
+        if sub is None:
             sub = decomposition_graph(eqn)
             if eqn.primitive.name != "fused":  # inside a composite, not in a body again
                 sub = offer_kernels(sub, self.all_backends, patterns=self.patterns,
                                     fuse=self.fuse)
-            self._subs[key] = sub
-        return self._subs[key]
+            if len(_SUBS) >= MAX_SUBS:
+                _SUBS.clear()
+            _SUBS[key] = sub
+        return sub
 
     def decomposition_bound(self, eqn, depth: int) -> float:
         """A lower bound on the decomposition's time: each sub-equation at its cheapest, no
