@@ -349,3 +349,40 @@ def test_a_pattern_named_like_a_primitive_is_refused_and_never_offered_to_plain_
     cands = tgx.candidates(tgx.make_graph(lambda x: tnn.softmax(x, axis=0))(S((3, 4))).eqns[0],
                            ["numpy"])
     assert all(c.kernel is None or c.kernel.pattern is None for c in cands)
+
+
+def test_a_verified_tgx_kernel_is_not_verified_again_by_another_process(tmp_path,
+                                                                         monkeypatch):
+    """A pattern kernel of tgx's own that passed `verify_kernel` leaves a mark in the kernel
+    cache, and another process takes the mark instead of running the check again (21
+    checks, 1 s of an 18-layer prefill's explore). A failure leaves none (it is checked,
+    and warned about, again), nor does a kernel that is not tgx's."""
+    import tgx.nn as tnn
+    from tgx.backends.numpy_library import numpy_linear, numpy_matmul
+    from tgx.backends.registry import Kernel
+    from tgx.core import Eqn, Params
+    from tgx.planning import kernel_patterns
+    from tgx.primitives.fused import fused_p
+
+    monkeypatch.setenv("TGX_KERNEL_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernel_patterns, "_VERIFIED", {})
+    g = tgx.make_graph(lambda x, w: tnn.linear(x, w))(S((4, 8)), S((8, 8)))
+    eqn = Eqn(fused_p, tuple(g.invars), tuple(g.outvars), Params(graph=g, name="lin"))
+    right = Kernel("lin", "numpy", numpy_linear, pattern=g)
+    wrong = Kernel("lin", "numpy", numpy_matmul, pattern=g)          # x @ w, not x @ w.T
+    users = Kernel("lin", "numpy", lambda x, w: x @ w.T, pattern=g)
+    marks = tmp_path / "verified"
+    assert verify_kernel(wrong, eqn) is not None and not marks.exists()
+    assert verify_kernel(users, eqn) is None and not marks.exists()
+    assert verify_kernel(right, eqn) is None and len(list(marks.iterdir())) == 1
+
+    def no_check(*a, **kw):
+        raise AssertionError("checked again")
+    monkeypatch.setattr(kernel_patterns, "_VERIFIED", {})          # another process
+    monkeypatch.setattr(kernel_patterns, "kernel_job", no_check)
+    assert verify_kernel(right, eqn) is None
+    assert "raised AssertionError" in verify_kernel(wrong, eqn)
+    assert "raised AssertionError" in verify_kernel(users, eqn)
+    monkeypatch.setattr(kernel_patterns, "_VERIFIED", {})
+    monkeypatch.setenv("TGX_KERNEL_CACHE", "off")                   # no cache: checked
+    assert "raised AssertionError" in verify_kernel(right, eqn)

@@ -13,8 +13,11 @@ True
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import pathlib
+import platform
 import tempfile
 
 #: ``$TGX_KERNEL_CACHE`` values (any case) that turn the kernel cache off
@@ -46,3 +49,28 @@ def write_atomic(path: pathlib.Path, data: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+@functools.cache
+def tgx_digest() -> str:
+    """sha256 of tgx's source files: any change to tgx is a new key (as torch's inductor cache
+    keys on torch's source), since a kernel's code reaches beyond its own function."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*.py")):
+        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+@functools.cache
+def cpu_description() -> str:
+    """The CPU's model and flags: code compiled for the host's instruction set (XLA's, numba's)
+    could not run on another machine sharing the directory."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            info = f.read()
+    except OSError:
+        return platform.processor()
+    keep = [ln for ln in info.splitlines()
+            if ln.split(":")[0].strip() in ("vendor_id", "model name", "flags", "Features")]
+    return "\n".join(sorted(set(keep)))

@@ -52,7 +52,7 @@ import numpy as np
 
 from ..core import Literal
 from ..errors import Unsupported
-from .kernel_cache import OFF, kernel_cache_dir, write_atomic
+from .kernel_cache import OFF, cpu_description, kernel_cache_dir, tgx_digest, write_atomic
 
 #: a compile shorter than this is not written (loading costs milliseconds; small regions
 #: compile in about as long)
@@ -142,37 +142,13 @@ def describe(steps, in_ids, out_ids) -> str:
 
 
 @functools.cache
-def _tgx_digest() -> str:
-    """sha256 of tgx's source files: any change to tgx is a new key (as torch's inductor cache
-    keys on torch's source), since a kernel's code reaches beyond its own function."""
-    root = pathlib.Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for p in sorted(root.rglob("*.py")):
-        h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
-def _cpu() -> str:
-    """The CPU's model and flags: XLA compiles for the host's instruction set, so an
-    executable from another machine sharing the directory could not run here."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            info = f.read()
-    except OSError:
-        return platform.processor()
-    keep = [ln for ln in info.splitlines()
-            if ln.split(":")[0].strip() in ("vendor_id", "model name", "flags", "Features")]
-    return "\n".join(sorted(set(keep)))
-
-
-@functools.cache
 def _environment() -> str:
     import jaxlib
 
     client = jax.devices("cpu")[0].client
-    return "\n".join([_MAGIC.decode(), _tgx_digest(), jax.__version__, jaxlib.__version__,
+    return "\n".join([_MAGIC.decode(), tgx_digest(), jax.__version__, jaxlib.__version__,
                       sys.version.split()[0], platform.machine(), client.platform,
-                      client.platform_version, _cpu(), os.environ.get("XLA_FLAGS", "")])
+                      client.platform_version, cpu_description(), os.environ.get("XLA_FLAGS", "")])
 
 
 def _trace_options() -> str:

@@ -26,6 +26,10 @@ something else is declined with the numbers, never run.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib.metadata
+import pathlib
 import warnings
 from collections.abc import Sequence
 
@@ -35,8 +39,9 @@ from ..backends import available_backends, backend_available, load_backend
 from ..backends import numba_patterns as _generated  # noqa: F401 - tgx's numba pattern kernels
 from ..backends import patterns as _library  # noqa: F401 - registers tgx's pattern kernels
 from ..backends import torch_patterns as _torch  # noqa: F401 - torch's (CUDA on a GPU)
+from ..backends.kernel_cache import cpu_description, kernel_cache_dir, tgx_digest, write_atomic
 from ..backends.numba_codegen import generated_kernel, unsupported
-from ..backends.registry import Kernel, all_kernels, kernels_for
+from ..backends.registry import Kernel, all_kernels, kernels_for, source_hash
 from ..core import Eqn, Graph, Literal, Params, Var
 from ..graph.hashing import structural_hash
 from ..graph.pattern import Match, find_pattern, match_params
@@ -217,6 +222,10 @@ def _verify(key, kernel: Kernel, eqn: Eqn) -> str | None:
     if key in _VERIFIED:
         return _VERIFIED[key]
     dims = hint_binding([x.aval for x in eqn.invars])
+    mark = _pass_mark(key, kernel, dims)
+    if mark is not None and mark.exists():
+        _VERIFIED[key] = None
+        return None
     try:
         job = kernel_job(eqn, kernel, dims)
         with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -234,7 +243,45 @@ def _verify(key, kernel: Kernel, eqn: Eqn) -> str | None:
     except Exception as e:  # noqa: BLE001 - a kernel that crashes is declined, with the reason
         reason = f"raised {type(e).__name__} on the pattern's inputs: {e}"
     _VERIFIED[key] = reason
+    if reason is None and mark is not None:
+        try:
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(mark, b"")
+        except OSError:  # an unwritable cache: verified again by the next process
+            pass
     return reason
+
+
+def _pass_mark(key, kernel: Kernel, dims) -> pathlib.Path | None:
+    """The file in the kernel cache (`kernel_cache_dir`, ``verified/``) whose presence says
+    that `kernel` passed `verify_kernel` on this equation shape, so that another process does
+    not run it again (21 checks, 1 s of an 18-layer prefill's explore); None where the cache
+    is off or the kernel is not tgx's own (a user's kernel may call code its source hash does
+    not cover: it is checked in every process, as it is warned about). A failure is never
+    kept: it is checked, and warned about, again. The mark's name covers tgx's source, the
+    libraries' versions and the CPU, as the XLA executables' keys do."""
+    d = kernel_cache_dir()
+    module = getattr(kernel.fn, "__module__", "") or ""
+    if d is None or not (module.partition(".")[0] == "tgx" or is_generated(kernel)):
+        return None
+    _, avals, body = key
+    code = kernel.source_hash or source_hash(kernel.fn)
+    parts = [tgx_digest(), cpu_description(), _versions(), kernel.name, kernel.backend,
+             kernel.variant, code, repr(avals), body,
+             repr(sorted((str(k), v) for k, v in dims.items()))]
+    digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+    return d / "verified" / digest
+
+
+@functools.cache
+def _versions() -> str:
+    out = []
+    for name in ("numpy", "ml_dtypes", "numba", "llvmlite", "torch", "jax", "jaxlib"):
+        try:
+            out.append(f"{name}={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return ";".join(out)
 
 
 def _dtype_mismatch(eqn: Eqn, outs) -> str | None:
