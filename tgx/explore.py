@@ -281,7 +281,9 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
     # A whole graph accumulates rounding over many equations (each kernel was already checked
     # tightly on its own): accept what a float32 pipeline of this depth normally differs by.
     scale = max((float(np.max(np.abs(o))) for o in golden if np.size(o)), default=1.0)
-    atol, rtol = 1e-3 * scale, 1e-2
+    # ... and a plan holding weights in a lower precision, what its tolerance admits
+    tol = max(1e-3, options.tolerance or 0.0)
+    atol, rtol = tol * scale, max(1e-2, tol)
     ghash, wkey = graph_keys(graph, dims)
     axes = {str(k): int(v) for k, v in dims.items()}
     inputs = [(list(np.shape(a)), np.asarray(a).dtype.name) for a in args]
@@ -410,6 +412,19 @@ def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
                         time_limit_s=left(), progress=None, traced=traced, inputs=args,
                         lowered=lowered, **confirm)
     return lowered
+
+
+def race_lossy(graph: Graph, options: PlanOptions, store, dims: Mapping, lossy: Assignment,
+               traced: str | None = None, given: Sequence | None = None,
+               lowered: dict | None = None) -> int:
+    """Time `lossy`, FASTEST's selection under `options.tolerance` holding weights in a lower
+    precision, as a whole plan on the call's arguments `given` (checked against the
+    reference within the tolerance) and record it, so that FASTEST then chooses between it
+    and the plans measured whole by measurement; returns how many plans were measured
+    (`fastest.unraced_rival` says when this is needed)."""
+    args = plan_inputs(graph, dims, options, given)
+    return measure_assignments(graph, {"tolerance selection": lossy}, store, dims, options,
+                               traced=traced, inputs=args, lowered=lowered, progress=None)
 
 
 def _as_called(plan, args: list, options: PlanOptions):

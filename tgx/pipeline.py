@@ -41,11 +41,11 @@ from dataclasses import replace
 
 from .backends import check_backends
 from .core import Graph
-from .explore import explore
+from .explore import explore, race_lossy
 from .lowering.lower import lower_assignment
 from .plan import Plan
 from .planning.assignment import Assignment
-from .planning.fastest import fastest_assignment
+from .planning.fastest import fastest_assignment, unraced_rival
 from .planning.heuristic import heuristic_assignment
 from .planning.kernel_patterns import match_patterns
 from .planning.options import PlanOptions
@@ -115,6 +115,8 @@ def measured_as_traced(graph: Graph, options: PlanOptions, backends,
             a = m.assignment()
         except SerializationError:  # a kernel changed since: the next one
             continue
+        if any(k is not None and k.lossy is not None for k in a.kernels):
+            continue  # measured for a compile with a tolerance (`race_lossy`)
         return a.replace(by=f"fastest ({a.by}; found from the traced graph)")
     return None
 
@@ -157,9 +159,15 @@ def select(graph: Graph, options: PlanOptions, backends, traced: str | None = No
             by=f"heuristic ({unusable})")
     dims = options.binding or hint_binding(graph.in_avals)
     options = replace(options, store=store, dims=dims)
+    lowered = {} if lowered is None else lowered
     if options.policy == "explore" and store is not None:
         # (plans are timed on arrays of the library the caller's are: `options.args_on`)
-        found = explore(graph, options, store, backends, dims, traced, given)
-        if lowered is not None:
-            lowered.update(found)
-    return fastest_assignment(graph, options, store, flag=options.policy == "fastest")
+        lowered.update(explore(graph, options, store, backends, dims, traced, given))
+    a = fastest_assignment(graph, options, store, flag=options.policy == "fastest")
+    rival = unraced_rival(a, graph, options, store, dims)
+    if rival is not None and given is not None:
+        # a selection holding weights in a lower precision, priced below the fastest plan
+        # measured whole: timed against it on the call's arguments, once (recorded)
+        race_lossy(graph, options, store, dims, a, traced, given, lowered)
+        a = fastest_assignment(graph, options, store, flag=False)
+    return a

@@ -97,7 +97,8 @@ def test_select_reports_sources_and_total():
     assert "µs" in str(s)
 
 
-def test_decomposition_graphs_are_shared_by_selections_until_the_registry_changes(tmp_path):
+def test_decomposition_graphs_are_shared_by_selections_until_the_registry_changes(tmp_path,
+                                                                                  monkeypatch):
     """Every selection of a process sees the same decomposition graph of an equation (EXPLORE
     selects on each set of backends, for a shortened graph and a whole one: building them
     again was ~1 s of an 18-layer prefill's explore), until a kernel is registered or
@@ -109,6 +110,7 @@ def test_decomposition_graphs_are_shared_by_selections_until_the_registry_change
     from tgx.planning import selection
     from tgx.store import BenchmarkStore
 
+    monkeypatch.setattr(selection, "_SUBS", {})
     g = tgx.make_graph(lambda x: tnn.gelu(x, approximate="tanh") * 2.0)(tgx.Spec((64, 64)))
     cm = CostModel(BenchmarkStore(str(tmp_path / "s.json")))
 
