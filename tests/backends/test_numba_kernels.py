@@ -366,6 +366,32 @@ def test_a_lossy_selection_priced_below_a_measured_plan_is_timed_whole_once(
     assert all(k.lossy is None for k in plan.kernels)
 
 
+def test_a_lossy_selection_failing_its_whole_plan_check_is_not_raced_again(
+        tmp_path, weights, monkeypatch):
+    """int8 weights (~1e-2 of the scale) miss a 4e-3 tolerance on the whole plan: the race
+    records the failure, FASTEST keeps the measured plan, and a later compile does not time
+    the failing selection again."""
+    from tgx import explore
+
+    races = []
+    race = explore.race_lossy
+    monkeypatch.setattr("tgx.pipeline.race_lossy",
+                        lambda *a, **kw: races.append(1) or race(*a, **kw))
+    store = BenchmarkStore(tmp_path / "s.json")
+    plant_kernel(store, _linear, weights, "numba-int8", 1e-12)
+    _plant_plan(store, _linear, weights, 1.0)
+    w, x = weights
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    for _ in range(2):
+        f = _compile(store, tolerance=4e-3)
+        y = f(w, x)
+        plan = f._plans[next(iter(f._plans))]
+        assert races == [1]
+        assert all(k.lossy is None for k in plan.kernels)
+        assert "measured plan planted" in plan.policy
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
 def test_a_hand_written_x_at_w_transposed_gets_the_same_kernels(tmp_path, weights):
     """`x @ w.T` written by hand simplifies to a dot_general: the generated GEMVs serve it,
     its weight held in int8 like a `linear`'s."""

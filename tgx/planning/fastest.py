@@ -31,7 +31,7 @@ from .candidates import Candidate, accepted_kernels
 from .cost_model import CostModel, Estimate
 from .heuristic import heuristic_assignment
 from .options import PlanOptions
-from .recipes import assignment_digest, measured_plans
+from .recipes import graph_keys, measured_plans, recipe_key
 from .selection import Choice, _Selector, realize, select
 
 NO_WORK = Estimate(0.0, "cost model", "no work")
@@ -116,15 +116,11 @@ def unraced_rival(a: Assignment, graph: Graph, options: PlanOptions, store,
 
 def _measured_whole(a: Assignment, graph, backends, store, cm: CostModel, dims,
                     options) -> bool:
-    """Whether `a` is among the whole plans measured for `graph`."""
-    mine = assignment_digest(a, options)
-    for m in measured_plans(graph, backends, store, dims, cm.env_id, options, stale=True):
-        try:
-            if assignment_digest(m.assignment(), options) == mine:
-                return True
-        except SerializationError:
-            continue
-    return False
+    """Whether `a` was measured whole for `graph` at `dims`, whatever the outcome: a plan
+    that failed its check (its error over the tolerance) is not timed again at every
+    compile; FASTEST then keeps the plans that passed."""
+    ghash, wkey = graph_keys(graph, dims)
+    return store.measured(ghash, recipe_key(a, options), wkey, cm.env_id) is not None
 
 
 def assignment_cost(a: Assignment, backends, cm: CostModel, dims, weights=(),

@@ -38,7 +38,7 @@ from ..backends.registry import all_kernels
 from ..graph import structural_hash
 from ..serialize import graph_to_bytes
 from ..shapes import concrete_shape
-from ..store.schema import workload_key
+from ..store.schema import implementation_key, workload_key
 from .assignment import Assignment, payload_label
 from .options import PlanOptions
 
@@ -168,13 +168,24 @@ def assignment_digest(assignment: Assignment, options) -> str:
 def record_recipe(store, graph, assignment: Assignment, dims: Mapping, options,
                   label: str) -> str:
     """Store `assignment` as a GRAPH_RECIPE of `graph` (with the graph and the workload at
-    `dims`); returns the implementation key its traces are recorded under."""
+    `dims`); returns the implementation key its traces are recorded under (`recipe_key`)."""
     store.add_graph(structural_hash(graph), "graph", graph_to_bytes(graph))
-    bs = sorted({b for e, b in zip(assignment.graph.eqns, assignment.backends)
-                 if e.primitive.name != "copy_to"})
-    return store.add_implementation("GRAPH_RECIPE", recipe_name(options), "+".join(bs),
+    return store.add_implementation("GRAPH_RECIPE", recipe_name(options),
+                                    _recipe_backends(assignment),
                                     assignment_digest(assignment, options), {"label": label},
                                     assignment.to_bytes(label))
+
+
+def recipe_key(assignment: Assignment, options) -> str:
+    """The implementation key `record_recipe` records `assignment` under, without writing."""
+    return implementation_key("GRAPH_RECIPE", recipe_name(options),
+                              _recipe_backends(assignment),
+                              assignment_digest(assignment, options))
+
+
+def _recipe_backends(assignment: Assignment) -> str:
+    return "+".join(sorted({b for e, b in zip(assignment.graph.eqns, assignment.backends)
+                            if e.primitive.name != "copy_to"}))
 
 
 def measured_plans(graph, backends: Sequence[str], store, dims: Mapping,
