@@ -329,6 +329,17 @@ def test_under_tolerance_a_measured_plan_competes_with_the_lossy_selection(
     assert ("measured plan planted" in plan.policy) is not lossy_chosen
 
 
+def _count_races(monkeypatch) -> list:
+    """A list that gets an item each time a compile times a lossy selection whole."""
+    from tgx import explore
+
+    races = []
+    race = explore.race_lossy
+    monkeypatch.setattr("tgx.pipeline.race_lossy",
+                        lambda *a, **kw: races.append(1) or race(*a, **kw))
+    return races
+
+
 @pytest.mark.parametrize("rival_s", [1e-7, 1.0])
 def test_a_lossy_selection_priced_below_a_measured_plan_is_timed_whole_once(
         tmp_path, weights, monkeypatch, rival_s):
@@ -338,13 +349,9 @@ def test_a_lossy_selection_priced_below_a_measured_plan_is_timed_whole_once(
     plan measured whole, it is timed whole on the first call, once (recorded), and FASTEST
     takes the faster by measurement. A plan measured so is never taken without a tolerance.
     (No plan call takes 0.1 us: the rival planted at 1e-7 s is faster than any measurement.)"""
-    from tgx import explore
     from tgx.planning import fastest
 
-    races = []
-    race = explore.race_lossy
-    monkeypatch.setattr("tgx.pipeline.race_lossy",
-                        lambda *a, **kw: races.append(1) or race(*a, **kw))
+    races = _count_races(monkeypatch)
     store = BenchmarkStore(tmp_path / "s.json")
     plant_kernel(store, _linear, weights, "numba-int8", 1e-12)
     _plant_plan(store, _linear, weights, rival_s)
@@ -371,12 +378,7 @@ def test_a_lossy_selection_failing_its_whole_plan_check_is_not_raced_again(
     """int8 weights (~1e-2 of the scale) miss a 4e-3 tolerance on the whole plan: the race
     records the failure, FASTEST keeps the measured plan, and a later compile does not time
     the failing selection again."""
-    from tgx import explore
-
-    races = []
-    race = explore.race_lossy
-    monkeypatch.setattr("tgx.pipeline.race_lossy",
-                        lambda *a, **kw: races.append(1) or race(*a, **kw))
+    races = _count_races(monkeypatch)
     store = BenchmarkStore(tmp_path / "s.json")
     plant_kernel(store, _linear, weights, "numba-int8", 1e-12)
     _plant_plan(store, _linear, weights, 1.0)
