@@ -414,17 +414,18 @@ def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
     return lowered
 
 
-def race_lossy(graph: Graph, options: PlanOptions, store, dims: Mapping, lossy: Assignment,
-               traced: str | None = None, given: Sequence | None = None,
-               lowered: dict | None = None) -> int:
-    """Time `lossy`, FASTEST's selection under `options.tolerance` holding weights in a lower
-    precision, as a whole plan on the call's arguments `given` (checked against the
-    reference within the tolerance) and record it, so that FASTEST then chooses between it
-    and the plans measured whole by measurement; returns how many plans were measured
+def race_lossy(graph: Graph, options: PlanOptions, store, dims: Mapping,
+               lossy: Mapping[str, Assignment], traced: str | None = None,
+               given: Sequence | None = None, lowered: dict | None = None) -> int:
+    """Time the selections of {label: Assignment} `lossy` (`fastest.lossy_selections`:
+    FASTEST's under `options.tolerance`, holding weights in a lower precision) as whole
+    plans on the call's arguments `given` (checked against the reference within the
+    tolerance) and record them, so that FASTEST then chooses between them and the plans
+    measured whole by measurement; returns how many plans were measured
     (`fastest.unraced_rival` says when this is needed)."""
     args = plan_inputs(graph, dims, options, given)
-    return measure_assignments(graph, {"tolerance selection": lossy}, store, dims, options,
-                               traced=traced, inputs=args, lowered=lowered, progress=None)
+    return measure_assignments(graph, lossy, store, dims, options, traced=traced, inputs=args,
+                               lowered=lowered, progress=None)
 
 
 def _as_called(plan, args: list, options: PlanOptions):

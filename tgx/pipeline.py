@@ -45,7 +45,7 @@ from .explore import explore, race_lossy
 from .lowering.lower import lower_assignment
 from .plan import Plan
 from .planning.assignment import Assignment
-from .planning.fastest import fastest_assignment, unraced_rival
+from .planning.fastest import fastest_assignment, lossy_selections, unraced_rival
 from .planning.heuristic import heuristic_assignment
 from .planning.kernel_patterns import match_patterns
 from .planning.options import PlanOptions
@@ -167,7 +167,9 @@ def select(graph: Graph, options: PlanOptions, backends, traced: str | None = No
     rival = unraced_rival(a, graph, options, store, dims)
     if rival is not None and given is not None:
         # a selection holding weights in a lower precision, priced below the fastest plan
-        # measured whole: timed against it on the call's arguments, once (recorded)
-        race_lossy(graph, options, store, dims, a, traced, given, lowered)
+        # measured whole: timed against it on the call's arguments, once (recorded), with
+        # the lossy selection on each single backend
+        race_lossy(graph, options, store, dims,
+                   lossy_selections(a, graph, options, store, dims), traced, given, lowered)
         a = fastest_assignment(graph, options, store, flag=False)
     return a

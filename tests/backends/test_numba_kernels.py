@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import tgx
 import tgx.nn as tnn
+import tgx.numpy as tnp
 from tgx.backends.registry import kernels_for
 from tgx.planning.cost_model import CostModel
 from tgx.store import BenchmarkStore
@@ -392,6 +393,44 @@ def test_a_lossy_selection_failing_its_whole_plan_check_is_not_raced_again(
         assert all(k.lossy is None for k in plan.kernels)
         assert "measured plan planted" in plan.policy
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_the_lossy_selection_on_each_backend_is_raced_too(tmp_path, weights, monkeypatch):
+    """The selection over every backend is priced by per-kernel figures and modelled
+    transfers, so the race also times the lossy selection on each single backend: here the
+    int8 GEMV with `exp` planted fast on torch (the selection over both; torch's GEMV
+    planted slow) and the int8 GEMV with NumPy's `exp` planted slow (NumPy's own). Both
+    are recorded, FASTEST runs the faster as measured, and a later compile races
+    nothing."""
+    pytest.importorskip("torch")
+    from tgx.planning import recipes
+
+    fn = lambda w, x: tnp.exp(tnn.linear(x, w))  # noqa: E731
+    races = _count_races(monkeypatch)
+    store = BenchmarkStore(tmp_path / "s.json")
+    plant_kernel(store, fn, weights, "numba-int8", 1e-12)
+    plant_kernel(store, fn, weights, "default", 1e-13, name="exp", backend="torch")
+    for name, variants in (("linear", ["library"]), ("dot_general", ["default", "out"])):
+        for variant in variants:   # torch's GEMV, whole or decomposed
+            plant_kernel(store, _linear, weights, variant, 0.05, name=name, backend="torch",
+                         decomposed=name == "dot_general")
+    for variant in ("default", "out"):
+        plant_kernel(store, fn, weights, variant, 0.1, name="exp", backend="numpy")
+    _plant_plan(store, fn, weights, 10.0)   # (the model prices a switch to torch ~8 ms)
+    w, x = weights[0] * 0.05, weights[1]   # exp's arguments near 0: int8's error stays small
+    want = np.exp(x.astype(np.float64) @ w.T.astype(np.float64))
+    for _ in range(2):
+        f = tgx.compile(fn, weights="w", backends=["numpy", "torch"], store=store,
+                        tolerance=5e-2)
+        np.testing.assert_allclose(f(w, x), want, rtol=0, atol=5e-2 * np.abs(want).max())
+        assert races == [1]
+    plan = f._plans[next(iter(f._plans))]
+    measured = {m.label: m.median_s for m in recipes.measured_plans(
+        plan.source_graph, ["numpy", "torch"], store, plan.dims, options=plan.options)}
+    assert {"tolerance selection", "tolerance numpy selected"} <= set(measured)
+    fastest = min(measured, key=measured.get)
+    assert fastest != "planted" and f"measured plan {fastest}:" in plan.policy
+    assert any(k.lossy for k in plan.kernels) and plan.precision.kept
 
 
 def test_a_hand_written_x_at_w_transposed_gets_the_same_kernels(tmp_path, weights):

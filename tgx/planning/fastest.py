@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from ..backends import check_backends, host_name
 from ..core import Graph
+from ..errors import TgxError
 from ..profiling.pending import Unencodable, describe_equation
 from ..serialize import SerializationError
 from ..shapes import hint_binding
@@ -31,7 +32,7 @@ from .candidates import Candidate, accepted_kernels
 from .cost_model import CostModel, Estimate
 from .heuristic import heuristic_assignment
 from .options import PlanOptions
-from .recipes import graph_keys, measured_plans, recipe_key
+from .recipes import assignment_digest, graph_keys, measured_plans, recipe_key
 from .selection import Choice, _Selector, realize, select
 
 NO_WORK = Estimate(0.0, "cost model", "no work")
@@ -112,6 +113,46 @@ def unraced_rival(a: Assignment, graph: Graph, options: PlanOptions, store,
     if rival is None or _measured_whole(a, graph, backends, store, cm, dims, options):
         return None
     return rival
+
+
+def lossy_selections(a: Assignment, graph: Graph, options: PlanOptions, store,
+                     dims) -> dict[str, Assignment]:
+    """What a tolerance race times whole: `a` (FASTEST's selection over every backend, which
+    holds weights in a lower precision) and the selection on each single backend of
+    `options.backends` that also holds such weights and was not measured whole, duplicates
+    dropped. A selection over every backend is priced by per-kernel figures and modelled
+    transfers: an 18-layer prefill's bf16 selection put attention on jax (its results
+    waited for at every copy back, 0.7 ms each) and ran 187 ms where the NumPy-only one,
+    every GEMM in bf16 and numba's attention, ran ~160 ms; one figure measured high in the
+    sweep (a bf16 GEMM at 20 ms for 1 ms) moves a selection as far. Racing a few plans
+    costs one lowering and a few calls each, on the first compile with the tolerance only.
+
+    >>> import tgx
+    >>> g = tgx.make_graph(lambda x: x * 2.0)(tgx.Spec((4,)))
+    >>> a = fastest_assignment(g, PlanOptions(backends=("numpy",)), store=None)
+    >>> list(lossy_selections(a, g, PlanOptions(backends=("numpy",)), None, {}))
+    ['tolerance selection']
+    """
+    out = {"tolerance selection": a}
+    backends = check_backends(options.backends, options.device)
+    if len(backends) < 2 or store is None or options.tolerance is None:
+        return out
+    cm = CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)
+    seen = {assignment_digest(a, options)}
+    for b in backends:
+        try:
+            s = realize(select(graph, [b], cm, dims, weights=options.weights,
+                               patterns=options.patterns, fuse=options.fuse,
+                               home=b if options.args_on == b else None), options.policy)
+        except TgxError:  # e.g. no kernel for some equation on this backend
+            continue
+        key = assignment_digest(s, options)
+        if key in seen or not any(k is not None and k.lossy is not None for k in s.kernels):
+            continue
+        seen.add(key)
+        if not _measured_whole(s, graph, backends, store, cm, dims, options):
+            out[f"tolerance {b} selected"] = s
+    return out
 
 
 def _measured_whole(a: Assignment, graph, backends, store, cm: CostModel, dims,
