@@ -395,6 +395,28 @@ def test_a_lossy_selection_failing_its_whole_plan_check_is_not_raced_again(
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+def test_the_race_judges_a_lossy_plan_as_the_first_call_does(tmp_path, weights,
+                                                              monkeypatch):
+    """tanh of an int8 GEMV misses 5e-2 of the output's scale (0.067) while every element
+    is within the race's float32 allowance (relative too): the race records it failed, so
+    the first call runs the measured plan instead of a lossy plan it would reject and
+    plan again."""
+    fn = lambda w, x: tnp.tanh(tnn.linear(x, w))  # noqa: E731
+    races = _count_races(monkeypatch)
+    store = BenchmarkStore(tmp_path / "s.json")
+    plant_kernel(store, fn, weights, "numba-int8", 1e-12)
+    _plant_plan(store, fn, weights, 1.0)
+    f = tgx.compile(fn, weights="w", backends=["numpy"], store=store, tolerance=5e-2)
+    w, x = weights
+    np.testing.assert_allclose(f(w, x), np.tanh(x.astype(np.float64) @ w.T.astype(np.float64)),
+                               rtol=1e-5, atol=1e-5)
+    plan = f._plans[next(iter(f._plans))]
+    assert races == [1] and "measured plan planted" in plan.policy
+    assert plan.precision is None   # no lossy plan was run and rejected
+    failed = [r for r in store.traces() if r["status"] == "INCORRECT_NUMERICAL"]
+    assert failed and "exceeds the tolerance 0.05" in failed[0]["log"]
+
+
 def test_the_lossy_selection_on_each_backend_is_raced_too(tmp_path, weights, monkeypatch):
     """The selection over every backend is priced by per-kernel figures and modelled
     transfers, so the race also times the lossy selection on each single backend: here the
