@@ -39,10 +39,10 @@ LAYERS = {
     "tgx.profiling": 9,
     "tgx.planning": 10,
     "tgx.runtime": 11,
-    "tgx.plan": 12,
+    "tgx.plan": 12, "tgx.precision": 12,
     "tgx.lowering": 13,
     "tgx.explore": 14,
-    "tgx.pipeline": 15, "tgx.precision": 15, "tgx.kernels": 15,
+    "tgx.pipeline": 15, "tgx.kernels": 15,
     "tgx.jit": 16,
     "tgx.io": 17, "tgx.cli": 17, "tgx.__main__": 17, "tgx": 17,
 }
