@@ -249,3 +249,4 @@ on_missing(NAME, _register_reference)
 from . import numpy_library  # noqa: E402,F401 - kernels in the input dtype for hot composites
 from . import numba_kernels  # noqa: E402,F401 - generated GEMVs (when numba is installed)
 from . import bf16_gemm  # noqa: E402,F401 - oneDNN bfloat16 GEMMs (torch, AVX512-BF16 CPUs)
+from . import torch_attention  # noqa: E402,F401 - attention by torch's fused CPU kernel
