@@ -132,10 +132,11 @@ def test_decomposition_graphs_are_shared_by_selections_until_the_registry_change
     assert generation() not in (before, before + 1)
 
 
-@pytest.mark.parametrize("ratio,decomposed", [(0.9, False), (0.8, False), (0.7, True)])
+@pytest.mark.parametrize("ratio,decomposed", [(0.9, False), (0.6, False), (0.45, True)])
 def test_on_xla_a_composite_is_decomposed_only_when_clearly_cheaper(ratio, decomposed):
     """Inside one XLA program `linear` and its `dot_general` are one dot: their figures,
-    each a one-op program, differ by noise (an 18-layer prefill's: 39.6/34.5, 4.18/3.19 ms).
+    each a one-op program, differ by noise (an 18-layer prefill's: 39.6/34.5, 4.18/3.19,
+    2.06/1.20 ms).
     On jax the decomposition is taken only when cheaper by more than
     `FUSED_DECOMPOSE_MARGIN`; on NumPy, whenever it is cheaper."""
     pytest.importorskip("jax")
@@ -152,7 +153,7 @@ def test_on_xla_a_composite_is_decomposed_only_when_clearly_cheaper(ratio, decom
         def transfer(self, aval, src, dst, dims):
             return Estimate(0.0 if src == dst else 1.0, "cost model")
 
-    assert selection.FUSED_DECOMPOSE_MARGIN == 0.25
+    assert selection.FUSED_DECOMPOSE_MARGIN == 0.5
     for b, want in (("jax", decomposed), ("numpy", True)):
         a = selection.realize(select(g, [b], Priced(), {}))
         names = [e.primitive.name for e in a.graph.eqns]
