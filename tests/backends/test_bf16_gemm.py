@@ -128,3 +128,18 @@ def test_profiled_within_the_error_it_promises(tmp_path):
     rec = profile_kernel(g.eqns[0], k, {}, store, CostModel(store), budget_s=0.01)
     assert rec["status"] == "PASSED", rec
     assert 0 < rec["max_abs_err"]
+
+
+def test_read_only_operands_are_read_without_a_warning():
+    """Weights memory-mapped from safetensors are read-only, and torch warns on such arrays
+    (its tensors are writable): a read-only activation or bias is copied, not warned about."""
+    import warnings
+
+    rng = np.random.default_rng(3)
+    x, w, b = _rand(rng, 32, 40), _rand(rng, 24, 40), _rand(rng, 24)
+    for a in (x, b):
+        a.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = bg.linear_bf16(x, bg.to_bf16_bits(w), b)
+    _check(got, x.astype(np.float64) @ w.T.astype(np.float64) + b)

@@ -32,6 +32,7 @@ import numpy as np
 
 from .numba_kernels import MAX_ROWS, _XWT, _rows, to_bf16_bits
 from .registry import Prepare, register_kernel
+from .torch_views import tensor_of
 
 NAME = "numpy"
 #: the error a product may carry, relative to its output's scale (the profiler checks it;
@@ -82,11 +83,11 @@ def linear_bf16(x, w_bits, *b, out=None):
     import torch
 
     k, n = x.shape[-1], w_bits.shape[0]
-    xt = torch.from_numpy(np.ascontiguousarray(x.reshape(-1, k))).to(torch.bfloat16)
+    xt = tensor_of(x.reshape(-1, k)).to(torch.bfloat16)
     wt = torch.from_numpy(w_bits.view(np.int16)).view(torch.bfloat16)
     y = torch.nn.functional.linear(xt, wt)
     if b:
-        y = y.float().add_(torch.from_numpy(np.asarray(b[0], np.float32)))
+        y = y.float().add_(tensor_of(np.asarray(b[0], np.float32)))
     if out is None:
         out = np.empty((*x.shape[:-1], n), np.float32)
     torch.from_numpy(out.reshape(-1, n)).copy_(y)

@@ -9,7 +9,7 @@ the 2-core development CPU (2026-11-25), a Gemma-3-270m prefill layer (4 query h
 key/value head of 256, 128 query rows, 256 cache rows of which 128 causal): `numba-softmax`
 1.45 ms (1.50 with BLAS capped), this kernel 1.00 ms (1.19 capped).
 
-The operands are viewed as torch tensors without a copy (`torch.from_numpy`). A row whose
+The operands are viewed as torch tensors without a copy (`torch_views.tensor_of`). A row whose
 mask admits no key comes out as zeros, as the NumPy reference has it.
 
 >>> import numpy as np
@@ -27,6 +27,7 @@ import importlib.util
 import numpy as np
 
 from .registry import register_kernel
+from .torch_views import tensor_of
 
 NAME = "numpy"
 
@@ -62,10 +63,10 @@ def attention(q, k, v, *mask, has_mask, is_causal, scale, enable_gqa, out=None):
     import torch
     import torch.nn.functional as F
 
-    t = [_tensor(torch, a) for a in (q, k, v)]
+    t = [tensor_of(a) for a in (q, k, v)]
     if q.ndim == 3:  # the fused kernel takes (batch, heads, rows, dim)
         t = [a[None] for a in t]
-    m = _tensor(torch, mask[0]) if has_mask else None
+    m = tensor_of(mask[0]) if has_mask else None
     y = F.scaled_dot_product_attention(*t, attn_mask=m, is_causal=is_causal, scale=scale,
                                        enable_gqa=enable_gqa)
     if q.ndim == 3:
@@ -78,13 +79,6 @@ def attention(q, k, v, *mask, has_mask, is_causal, scale, enable_gqa, out=None):
         if empty.any():
             out[..., empty, :] = 0.0
     return out
-
-
-def _tensor(torch, a):
-    """`a` as a torch tensor sharing its memory; a read-only array (a constant, a mask folded
-    once per binding) is copied, as torch tensors are writable."""
-    a = np.ascontiguousarray(a)
-    return torch.from_numpy(a if a.flags.writeable else a.copy())
 
 
 # own_pool: torch's OpenMP pool, so BLAS is capped to one thread in a plan holding it
