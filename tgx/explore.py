@@ -345,6 +345,9 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
                 and time.monotonic() - start >= time_limit_s):
             break
         bar.update(f"whole plan {label}")
+        if options.tolerance is not None and any(k is not None and k.lossy is not None
+                                                 for k in a.kernels):
+            label += tolerance_tag(options.tolerance)   # `pipeline.measured_as_traced`
         impl = record_recipe(store, graph, a, dims, options, label)
         if store.measured(ghash, impl, wkey, env_id) or impl in recs:
             continue
@@ -468,6 +471,16 @@ def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
                         time_limit_s=left(), progress=None, traced=traced, inputs=args,
                         lowered=lowered, **confirm)
     return lowered
+
+
+def tolerance_tag(tolerance: float) -> str:
+    """What the label of a plan holding weights in a lower precision ends with when it was
+    measured (checked) under `tolerance`.
+
+    >>> tolerance_tag(0.02)
+    ' (tolerance 0.02)'
+    """
+    return f" (tolerance {tolerance:g})"
 
 
 def race_lossy(graph: Graph, options: PlanOptions, store, dims: Mapping,

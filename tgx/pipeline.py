@@ -16,10 +16,11 @@
 - rebackend, schedule, lower, buffers: `tgx.lowering.lower_assignment`, the one lowering of
   every assignment.
 
-FASTEST without a tolerance first looks for a measured plan of the graph as traced
-(`measured_as_traced`): EXPLORE records its plans under that key too, so a later compile
-lowers the measured plan without running simplify, patterns and fuse (matching pattern
-kernels imports every backend: torch and jax take ~2 s, which a NumPy plan never needs);
+FASTEST first looks for a measured plan of the graph as traced (`measured_as_traced`; with
+a tolerance, once one was raced under it): EXPLORE records its plans under that key too, so
+a later compile lowers the measured plan without running simplify, patterns and fuse
+(matching pattern kernels imports every backend: torch and jax take ~2 s, which a NumPy
+plan never needs);
 its `stages` are then "traced", "select" and the lowering's.
 
 `plan.stages` holds the program after each stage; `print(plan.stages)` shows them in order.
@@ -41,10 +42,11 @@ from dataclasses import replace
 
 from .backends import check_backends
 from .core import Graph
-from .explore import explore, race_lossy
+from .explore import explore, race_lossy, tolerance_tag
 from .lowering.lower import lower_assignment
 from .plan import Plan
 from .planning.assignment import Assignment
+from .planning.cost_model import CostModel
 from .planning.fastest import fastest_assignment, lossy_selections, unraced_rival
 from .planning.heuristic import heuristic_assignment
 from .planning.kernel_patterns import match_patterns
@@ -101,22 +103,36 @@ def plan_graph(graph: Graph, options: PlanOptions | None = None, *,
 def measured_as_traced(graph: Graph, options: PlanOptions, backends,
                        traced: str) -> Assignment | None:
     """FASTEST's measured plan found from the graph as traced (`recipes.traced_key`), before
-    the stages run, or None: only for "fastest" without a tolerance (a tolerance may prefer
-    a selection holding weights in a lower precision, which the stages must build)."""
-    if options.policy != "fastest" or options.tolerance is not None:
+    the stages run, or None. With a tolerance, only once a plan holding weights in a lower
+    precision was measured under that very tolerance (its label ends with
+    `explore.tolerance_tag`): its selection was raced, so the fastest plan measured is what
+    FASTEST would take after building the selection again (~2 s of stages and selection for
+    an 18-layer prefill, every process); lossy plans measured under another tolerance are
+    left out."""
+    if options.policy != "fastest":
         return None
     store, unusable = open_for_planning(options.store)
     if store is None or unusable:
         return None
     dims = options.binding or hint_binding(graph.in_avals)
-    for m in measured_plans(graph, backends, store, dims, options=options, key=traced,
-                            stale=True):
+    found = measured_plans(graph, backends, store, dims, options=options, key=traced,
+                           stale=True)
+    tag = None if options.tolerance is None else tolerance_tag(options.tolerance)
+    if tag is not None and not any(m.label.endswith(tag) for m in found):
+        return None   # not raced under this tolerance: the stages build the selection
+    cm = None if tag is None else CostModel(store, tolerance=options.tolerance,
+                                            lossy_below=options.lossy_below)
+    for m in found:
         try:
             a = m.assignment()
         except SerializationError:  # a kernel changed since: the next one
             continue
-        if any(k is not None and k.lossy is not None for k in a.kernels):
-            continue  # measured for a compile with a tolerance (`race_lossy`)
+        if any(k is not None and k.lossy is not None for k in a.kernels) and (
+                tag is None or not m.label.endswith(tag)):
+            continue  # measured for a compile with another tolerance (`race_lossy`)
+        if cm is not None and any(k is not None and cm.excluded(e, k, dims) is not None
+                                  for e, k in zip(a.graph.eqns, a.kernels)):
+            continue
         return a.replace(by=f"fastest ({a.by}; found from the traced graph)")
     return None
 

@@ -298,21 +298,25 @@ def test_attention_matches_float64_reference(hk, reps, rows, n, e, seed):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(want).max()))
 
 
-def _plant_plan(store, fn, args, median_s):
-    """Record the heuristic NumPy plan of fn (weights bound) as a measured whole plan."""
+def _plant_plan(store, fn, args, median_s, backends=("numpy",)):
+    """Record the heuristic NumPy plan of fn (weights bound) as a measured whole plan, under
+    the planned graph's key and the traced graph's, as EXPLORE records its plans."""
     from tgx.planning import recipes
     from tgx.planning.heuristic import heuristic_assignment
     from tgx.planning.options import PlanOptions
 
-    g = tgx.simplify(tgx.make_graph(fn)(*args))
+    traced = tgx.make_graph(fn)(*args)
+    g = tgx.simplify(traced)
     dims = {}
-    ghash, wkey = recipes.graph_keys(g, dims)
-    store.add_workload(ghash, {}, [(list(a.shape), a.dtype.name) for a in args])
+    inputs = [(list(a.shape), a.dtype.name) for a in args]
     options = PlanOptions(weights=(0,))
     impl = recipes.record_recipe(store, g, heuristic_assignment(g, ["numpy"]), dims, options,
                                  "planted")
-    store.add_trace(graph_hash=ghash, impl=impl, workload=wkey, env_id=CostModel(store).env_id,
-                    status="PASSED", median_s=median_s)
+    for key in (None, recipes.traced_key(traced, PlanOptions(), backends)):
+        ghash, wkey = recipes.graph_keys(g, dims, key)
+        store.add_workload(ghash, {}, inputs)
+        store.add_trace(graph_hash=ghash, impl=impl, workload=wkey,
+                        env_id=CostModel(store).env_id, status="PASSED", median_s=median_s)
 
 
 @pytest.mark.parametrize("plan_s,lossy_chosen", [(1.0, True), (1e-12, False)])
@@ -372,6 +376,37 @@ def test_a_lossy_selection_priced_below_a_measured_plan_is_timed_whole_once(
     np.testing.assert_allclose(exact(w, x), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
     plan = exact._plans[next(iter(exact._plans))]
     assert all(k.lossy is None for k in plan.kernels)
+
+
+def test_once_raced_under_a_tolerance_a_compile_skips_the_stages(tmp_path, weights,
+                                                                   monkeypatch):
+    """After the race, a compile with the same tolerance takes the fastest measured plan from
+    the graph as traced, as FASTEST does without one (no simplify, patterns, fuse or
+    selection: ~2 s of an 18-layer prefill's every compile); another tolerance plans
+    through the stages, where no lossy plan is trusted on another tolerance's check."""
+    import tgx.pipeline
+
+    races = _count_races(monkeypatch)
+    store = BenchmarkStore(tmp_path / "s.json")
+    plant_kernel(store, _linear, weights, "numba-int8", 1e-12)
+    _plant_plan(store, _linear, weights, 1.0)
+    w, x = weights
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    f = _compile(store, tolerance=5e-2)
+    f(w, x)
+    assert races == [1]
+    staged = []
+    real = tgx.pipeline.graph_stages
+    monkeypatch.setattr(tgx.pipeline, "graph_stages",
+                        lambda *a, **kw: staged.append(1) or real(*a, **kw))
+    f = _compile(store, tolerance=5e-2)
+    np.testing.assert_allclose(f(w, x), want, rtol=0, atol=5e-2 * np.abs(want).max())
+    plan = f._plans[next(iter(f._plans))]
+    assert not staged and "found from the traced graph" in plan.policy
+    assert any(k.lossy for k in plan.kernels) and "(tolerance 0.05)" in plan.policy
+    other = _compile(store, tolerance=4e-2)
+    other(w, x)
+    assert staged and races == [1]
 
 
 def test_a_lossy_selection_failing_its_whole_plan_check_is_not_raced_again(
@@ -438,7 +473,7 @@ def test_the_lossy_selection_on_each_backend_is_raced_too(tmp_path, weights, mon
                          decomposed=name == "dot_general")
     for variant in ("default", "out"):
         plant_kernel(store, fn, weights, variant, 0.1, name="exp", backend="numpy")
-    _plant_plan(store, fn, weights, 10.0)   # (the model prices a switch to torch ~8 ms)
+    _plant_plan(store, fn, weights, 10.0, ("numpy", "torch"))  # (a switch to torch: ~8 ms)
     w, x = weights[0] * 0.05, weights[1]   # exp's arguments near 0: int8's error stays small
     want = np.exp(x.astype(np.float64) @ w.T.astype(np.float64))
     for _ in range(2):
@@ -449,7 +484,8 @@ def test_the_lossy_selection_on_each_backend_is_raced_too(tmp_path, weights, mon
     plan = f._plans[next(iter(f._plans))]
     measured = {m.label: m.median_s for m in recipes.measured_plans(
         plan.source_graph, ["numpy", "torch"], store, plan.dims, options=plan.options)}
-    assert {"tolerance selection", "tolerance numpy selected"} <= set(measured)
+    assert {"tolerance selection (tolerance 0.05)",
+            "tolerance numpy selected (tolerance 0.05)"} <= set(measured)
     fastest = min(measured, key=measured.get)
     assert fastest != "planted" and f"measured plan {fastest}:" in plan.policy
     assert any(k.lossy for k in plan.kernels) and plan.precision.kept
