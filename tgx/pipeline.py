@@ -47,7 +47,8 @@ from .lowering.lower import lower_assignment
 from .plan import Plan
 from .planning.assignment import Assignment
 from .planning.cost_model import CostModel
-from .planning.fastest import fastest_assignment, lossy_selections, unraced_rival
+from .planning.fastest import (fastest_assignment, fastest_measured, lossy_selections,
+                               unraced_rival)
 from .planning.heuristic import heuristic_assignment
 from .planning.kernel_patterns import match_patterns
 from .planning.options import PlanOptions
@@ -187,5 +188,6 @@ def select(graph: Graph, options: PlanOptions, backends, traced: str | None = No
         # the lossy selection on each single backend
         race_lossy(graph, options, store, dims,
                    lossy_selections(a, graph, options, store, dims), traced, given, lowered)
-        a = fastest_assignment(graph, options, store, flag=False)
+        a = fastest_measured(graph, options, store, dims) or \
+            fastest_assignment(graph, options, store, flag=False)
     return a
