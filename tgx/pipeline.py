@@ -46,15 +46,13 @@ from .explore import explore, race_lossy, tolerance_tag
 from .lowering.lower import lower_assignment
 from .plan import Plan
 from .planning.assignment import Assignment
-from .planning.cost_model import CostModel
-from .planning.fastest import (fastest_assignment, fastest_measured, lossy_selections,
-                               unraced_rival)
+from .planning.fastest import (cost_model_for, fastest_assignment, fastest_measured,
+                               first_admitted, lossy_selections, unraced_rival)
 from .planning.heuristic import heuristic_assignment
 from .planning.kernel_patterns import match_patterns
 from .planning.options import PlanOptions
 from .planning.recipes import assignment_digest, measured_plans, traced_key
 from .planning.regions import fuse_regions
-from .serialize import SerializationError
 from .shapes import hint_binding
 from .store import open_for_planning
 from .transforms.simplify import simplify
@@ -121,21 +119,15 @@ def measured_as_traced(graph: Graph, options: PlanOptions, backends,
     tag = None if options.tolerance is None else tolerance_tag(options.tolerance)
     if tag is not None and not any(m.label.endswith(tag) for m in found):
         return None   # not raced under this tolerance: the stages build the selection
-    cm = None if tag is None else CostModel(store, tolerance=options.tolerance,
-                                            lossy_below=options.lossy_below)
-    for m in found:
-        try:
-            a = m.assignment()
-        except SerializationError:  # a kernel changed since: the next one
-            continue
-        if any(k is not None and k.lossy is not None for k in a.kernels) and (
-                tag is None or not m.label.endswith(tag)):
-            continue  # measured for a compile with another tolerance (`race_lossy`)
-        if cm is not None and any(k is not None and cm.excluded(e, k, dims) is not None
-                                  for e, k in zip(a.graph.eqns, a.kernels)):
-            continue
-        return a.replace(by=f"fastest ({a.by}; found from the traced graph)")
-    return None
+    if tag is None:  # no lossy plan (the cost model, ~9 ms to load, is not needed)
+        hit = first_admitted(found, None, dims, keep=lambda m, a: not a.lossy)
+    else:  # a lossy plan measured under another tolerance passed another check: left out
+        hit = first_admitted(found, cost_model_for(store, options), dims,
+                             keep=lambda m, a: not a.lossy or m.label.endswith(tag))
+    if hit is None:
+        return None
+    a = hit[1]
+    return a.replace(by=f"fastest ({a.by}; found from the traced graph)")
 
 
 def graph_stages(graph: Graph, options: PlanOptions) -> list[tuple[str, Graph]]:

@@ -82,6 +82,12 @@ class Assignment:
     def __len__(self) -> int:
         return len(self.graph.eqns)
 
+    @property
+    def lossy(self) -> bool:
+        """Whether a kernel holds operands in a lower precision (`Kernel.lossy`): what only
+        `tolerance=` admits."""
+        return any(k is not None and k.lossy is not None for k in self.kernels)
+
     def summary(self) -> str:
         """"12 equations (8 on torch, 4 on numpy)"."""
         counts: dict[str, int] = {}

@@ -44,8 +44,7 @@ def fastest_assignment(graph: Graph, options: PlanOptions, store, *,
     (None: the cost model alone); `flag`: write pending flags for what was not measured."""
     backends = check_backends(options.backends, options.device)
     dims = options.binding or hint_binding(graph.in_avals)
-    cm = cost_model or CostModel(store, tolerance=options.tolerance,
-                                 lossy_below=options.lossy_below)
+    cm = cost_model or cost_model_for(store, options)
     measured = _fastest_measured(graph, backends, store, cm, dims, options)
     if measured is not None and options.tolerance is None:
         return measured
@@ -60,8 +59,7 @@ def fastest_assignment(graph: Graph, options: PlanOptions, store, *,
         # prefill's measured jax plan ran 237 ms, the per-kernel selection 366 ms).
         # Once timed whole (`unraced_rival`), it is the measured plan where it was faster.
         chosen = realize(sel)
-        lossy = any(k is not None and k.lossy is not None for k in chosen.kernels)
-        if not lossy or measured.predicted_s <= sel.total or _measured_whole(
+        if not chosen.lossy or measured.predicted_s <= sel.total or _measured_whole(
                 chosen, graph, backends, store, cm, dims, options):
             return measured
     if options.tolerance is None:
@@ -88,8 +86,8 @@ def fastest_measured(graph: Graph, options: PlanOptions, store, dims) -> Assignm
     True
     """
     backends = check_backends(options.backends, options.device)
-    cm = CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)
-    return _fastest_measured(graph, backends, store, cm, dims, options)
+    return _fastest_measured(graph, backends, store, cost_model_for(store, options), dims,
+                             options)
 
 
 def _fastest_measured(graph, backends, store, cm: CostModel, dims, options):
@@ -97,19 +95,44 @@ def _fastest_measured(graph, backends, store, cm: CostModel, dims, options):
     `tolerance` admits, as an `Assignment`, or None."""
     if store is None:
         return None
-    for m in measured_plans(graph, backends, store, dims, cm.env_id, options, stale=True):
+    hit = first_admitted(measured_plans(graph, backends, store, dims, cm.env_id, options,
+                                        stale=True), cm, dims)
+    if hit is None:
+        return None
+    m, a = hit
+    near = "" if m.dims == {str(k): int(v) for k, v in dims.items()} else \
+        " (the nearest measured binding)"
+    return a.replace(by=f"{options.policy} ({a.by}{near})")
+
+
+def first_admitted(found, cm: CostModel | None, dims, keep=None):
+    """The first of `found` (measured whole plans, fastest first: `recipes.measured_plans`)
+    whose assignment still loads, passes `keep(record, assignment)` and whose every kernel
+    `cm` admits (`CostModel.excluded`: without a tolerance no lossy kernel, so no plan
+    measured for a compile with one; None: `keep` alone decides), as (record, Assignment);
+    None when none does.
+
+    >>> first_admitted([], CostModel(), {}) is None
+    True
+    """
+    for m in found:
         try:
             a = m.assignment()
         except SerializationError:  # a kernel changed since: the next one
             continue
-        # (without a tolerance: no plan measured for a compile with one, `unraced_rival`)
-        if any(k is not None and cm.excluded(e, k, dims) is not None
-               for e, k in zip(a.graph.eqns, a.kernels)):
+        if keep is not None and not keep(m, a):
             continue
-        near = "" if m.dims == {str(k): int(v) for k, v in dims.items()} else \
-            " (the nearest measured binding)"
-        return a.replace(by=f"{options.policy} ({a.by}{near})")
+        if cm is not None and any(k is not None and cm.excluded(e, k, dims) is not None
+                                  for e, k in zip(a.graph.eqns, a.kernels)):
+            continue
+        return m, a
     return None
+
+
+def cost_model_for(store, options: PlanOptions) -> CostModel:
+    """The cost model FASTEST prices with under `options`: the store's figures, the
+    tolerance and the bound on lossy kernels (`PlanOptions.lossy_below`)."""
+    return CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)
 
 
 def unraced_rival(a: Assignment, graph: Graph, options: PlanOptions, store,
@@ -120,11 +143,10 @@ def unraced_rival(a: Assignment, graph: Graph, options: PlanOptions, store,
     plans mixing libraries (an 18-layer prefill's bf16 selection, 150 equations on jax and
     533 on NumPy, was priced 159 ms and ran 280 ms, where the measured jax plan ran 243 ms).
     None when `a` is measured, holds no such weight, or nothing is measured."""
-    if options.tolerance is None or store is None or not any(
-            k is not None and k.lossy is not None for k in a.kernels):
+    if options.tolerance is None or store is None or not a.lossy:
         return None
     backends = check_backends(options.backends, options.device)
-    cm = CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)
+    cm = cost_model_for(store, options)
     rival = _fastest_measured(graph, backends, store, cm, dims, options)
     if rival is None or _measured_whole(a, graph, backends, store, cm, dims, options):
         return None
@@ -153,7 +175,7 @@ def lossy_selections(a: Assignment, graph: Graph, options: PlanOptions, store,
     backends = check_backends(options.backends, options.device)
     if len(backends) < 2 or store is None or options.tolerance is None:
         return out
-    cm = CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)
+    cm = cost_model_for(store, options)
     seen = {assignment_digest(a, options)}
     for b in backends:
         try:
@@ -163,7 +185,7 @@ def lossy_selections(a: Assignment, graph: Graph, options: PlanOptions, store,
         except TgxError:  # e.g. no kernel for some equation on this backend
             continue
         key = assignment_digest(s, options)
-        if key in seen or not any(k is not None and k.lossy is not None for k in s.kernels):
+        if key in seen or not s.lossy:
             continue
         seen.add(key)
         if not _measured_whole(s, graph, backends, store, cm, dims, options):
