@@ -16,6 +16,7 @@ from tgx.planning.cost_model import CostModel
 from tgx.store import BenchmarkStore
 
 from .planted import plant_kernel
+from .references import attention64
 
 nk = pytest.importorskip("tgx.backends.numba_kernels")
 if not nk.HAVE_NUMBA:
@@ -271,16 +272,6 @@ def test_rope_matches_float64_reference(lead, n, half, seed):
         [v.aval for v in bad.invars], {})
 
 
-def _attention64(q, k, v, mask, scale):
-    reps = q.shape[0] // k.shape[0]
-    k, v = np.repeat(k, reps, axis=0).astype(np.float64), np.repeat(v, reps, axis=0)
-    s = np.where(mask, q.astype(np.float64) @ k.transpose(0, 2, 1) * scale, -np.inf)
-    top = np.max(s, axis=-1, keepdims=True)
-    e = np.exp(s - np.where(np.isfinite(top), top, 0))
-    den = e.sum(-1, keepdims=True)
-    return (e / np.where(den > 0, den, 1)) @ v
-
-
 @settings(max_examples=25, deadline=None)
 @given(st.integers(1, 4), st.sampled_from([1, 2, 4]), st.integers(1, 3), st.integers(1, 80),
        st.integers(1, 40), st.integers(0, 2**31 - 1))
@@ -294,7 +285,7 @@ def test_attention_matches_float64_reference(hk, reps, rows, n, e, seed):
     scale = float(rng.uniform(0.05, 1.0))
     got = nk.attention_f32(q, k, v, mask, has_mask=True, is_causal=False, scale=scale,
                            enable_gqa=True)
-    want = _attention64(q, k, v, mask, scale)
+    want = attention64(q, k, v, mask, scale)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(want).max()))
 
 
@@ -345,6 +336,18 @@ def _count_races(monkeypatch) -> list:
     return races
 
 
+def _int8_beside_a_planted_plan(tmp_path, weights, monkeypatch, rival_s):
+    """(races, store, float64 `linear` of `weights`): a store with the int8 GEMV planted
+    fast and the heuristic NumPy plan measured whole at `rival_s`, and a list counting the
+    tolerance races (`_count_races`)."""
+    races = _count_races(monkeypatch)
+    store = BenchmarkStore(tmp_path / "s.json")
+    plant_kernel(store, _linear, weights, "numba-int8", 1e-12)
+    _plant_plan(store, _linear, weights, rival_s)
+    w, x = weights
+    return races, store, x.astype(np.float64) @ w.T.astype(np.float64)
+
+
 @pytest.mark.parametrize("rival_s", [1e-7, 1.0])
 def test_a_lossy_selection_priced_below_a_measured_plan_is_timed_whole_once(
         tmp_path, weights, monkeypatch, rival_s):
@@ -356,12 +359,8 @@ def test_a_lossy_selection_priced_below_a_measured_plan_is_timed_whole_once(
     (No plan call takes 0.1 us: the rival planted at 1e-7 s is faster than any measurement.)"""
     from tgx.planning import fastest
 
-    races = _count_races(monkeypatch)
-    store = BenchmarkStore(tmp_path / "s.json")
-    plant_kernel(store, _linear, weights, "numba-int8", 1e-12)
-    _plant_plan(store, _linear, weights, rival_s)
+    races, store, want = _int8_beside_a_planted_plan(tmp_path, weights, monkeypatch, rival_s)
     w, x = weights
-    want = x.astype(np.float64) @ w.T.astype(np.float64)
     for _ in range(2):   # the second compile finds the lossy plan measured: no race
         f = _compile(store, tolerance=5e-2)
         y = f(w, x)
@@ -386,12 +385,8 @@ def test_once_raced_under_a_tolerance_a_compile_skips_the_stages(tmp_path, weigh
     through the stages, where no lossy plan is trusted on another tolerance's check."""
     import tgx.pipeline
 
-    races = _count_races(monkeypatch)
-    store = BenchmarkStore(tmp_path / "s.json")
-    plant_kernel(store, _linear, weights, "numba-int8", 1e-12)
-    _plant_plan(store, _linear, weights, 1.0)
+    races, store, want = _int8_beside_a_planted_plan(tmp_path, weights, monkeypatch, 1.0)
     w, x = weights
-    want = x.astype(np.float64) @ w.T.astype(np.float64)
     f = _compile(store, tolerance=5e-2)
     f(w, x)
     assert races == [1]
@@ -414,12 +409,8 @@ def test_a_lossy_selection_failing_its_whole_plan_check_is_not_raced_again(
     """int8 weights (~1e-2 of the scale) miss a 4e-3 tolerance on the whole plan: the race
     records the failure, FASTEST keeps the measured plan, and a later compile does not time
     the failing selection again."""
-    races = _count_races(monkeypatch)
-    store = BenchmarkStore(tmp_path / "s.json")
-    plant_kernel(store, _linear, weights, "numba-int8", 1e-12)
-    _plant_plan(store, _linear, weights, 1.0)
+    races, store, want = _int8_beside_a_planted_plan(tmp_path, weights, monkeypatch, 1.0)
     w, x = weights
-    want = x.astype(np.float64) @ w.T.astype(np.float64)
     for _ in range(2):
         f = _compile(store, tolerance=4e-3)
         y = f(w, x)

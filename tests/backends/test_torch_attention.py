@@ -11,6 +11,8 @@ import tgx
 import tgx.nn as tnn
 from tgx.backends.registry import kernels_for
 
+from .references import attention64
+
 ta = pytest.importorskip("tgx.backends.torch_attention")
 if not ta.available():
     pytest.skip("torch is not installed", allow_module_level=True)
@@ -18,23 +20,6 @@ if not ta.available():
 
 def _rand(rng, *shape):
     return rng.standard_normal(shape).astype(np.float32)
-
-
-def _reference(q, k, v, mask, scale, causal=False):
-    """float64 attention, the key/value heads repeated for grouped queries; a row that may
-    attend to no key is zeros."""
-    q, k, v = (a.astype(np.float64) for a in (q, k, v))
-    reps = q.shape[-3] // k.shape[-3]
-    k, v = np.repeat(k, reps, axis=-3), np.repeat(v, reps, axis=-3)
-    s = q @ np.swapaxes(k, -1, -2) * scale
-    if causal:
-        mask = np.tril(np.ones(s.shape[-2:], bool))
-    if mask is not None:
-        s = np.where(mask, s, -np.inf)
-    top = np.max(s, axis=-1, keepdims=True)
-    e = np.exp(s - np.where(np.isfinite(top), top, 0))
-    den = e.sum(-1, keepdims=True)
-    return (e / np.where(den > 0, den, 1)) @ v
 
 
 @settings(max_examples=30, deadline=None)
@@ -56,7 +41,7 @@ def test_attention_matches_float64_reference(hk, reps, rows, keys, dim, masking,
     got = ta.attention(q, k, v, *([mask] if mask is not None else []),
                        has_mask=mask is not None, is_causal=causal, scale=scale,
                        enable_gqa=reps > 1)
-    want = _reference(q, k, v, mask, scale, causal)
+    want = attention64(q, k, v, mask, scale, causal)
     assert got.dtype == np.float32 and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(want).max()))
 
@@ -69,7 +54,7 @@ def test_out_is_written_and_returned():
     got = ta.attention(q, k, v, mask, has_mask=True, is_causal=False, scale=0.25,
                        enable_gqa=True, out=out)
     assert got is out
-    np.testing.assert_allclose(out, _reference(q, k, v, mask, 0.25), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out, attention64(q, k, v, mask, 0.25), rtol=1e-4, atol=1e-5)
 
 
 def test_checker_declines_what_it_cannot_run():
@@ -103,7 +88,7 @@ def test_it_serves_a_traced_grouped_query_attention():
     e = g.eqns[-1]
     assert kernel.check([a.aval for a in e.invars], e.params) is None
     got = kernel.bind(e.params, None)(q, k, v, mask)
-    np.testing.assert_allclose(got, _reference(q, k, v, mask, 0.125), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got, attention64(q, k, v, mask, 0.125), rtol=1e-4, atol=1e-5)
 
 
 def test_read_only_operands_are_read_without_a_warning():
@@ -120,4 +105,4 @@ def test_read_only_operands_are_read_without_a_warning():
         warnings.simplefilter("error")
         got = ta.attention(q, k, v, mask, has_mask=True, is_causal=False, scale=0.3,
                            enable_gqa=False)
-    np.testing.assert_allclose(got, _reference(q, k, v, mask, 0.3), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got, attention64(q, k, v, mask, 0.3), rtol=1e-4, atol=1e-5)
