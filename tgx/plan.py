@@ -206,6 +206,9 @@ class Plan:
         lines.append(f"transfers: {len(tr)}" + (f", {total} bytes in all" if tr else ""))
         for i, b, nbytes in tr:
             lines.append(f"  eqn {i}: → {b}, {nbytes} bytes")
+        if cg.bind_instructions:
+            lines.append("once per weight binding (values of the weights alone):")
+            lines.append(str(Instructions(cg.bind_instructions)))
         lines.append("schedule:")
         if cg.instructions:
             lines.append(str(Instructions(cg.instructions, cg.workspace)))

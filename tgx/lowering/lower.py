@@ -11,7 +11,8 @@ Stages, each a plain function whose output `plan.stages` prints:
    converted to their consumer's backend once, here) and instructions (a maximal run of
    equations on a backend that fuses regions is one instruction: one `jax.jit`); weights
    (`PlanOptions.weights`): their copies are not instructions, the runtime converts each
-   weight once per bound array object (`CompiledGraph.bind_weights`); state
+   weight once per bound array object (`CompiledGraph.bind_weights`), and the equations
+   computing from weights alone run there too, once per binding (`_bind_time`); state
    (`PlanOptions.state`): the updates chosen to run in place write their window straight into
    the caller's buffer, other state outputs are copied into it at the end of the call.
 4. buffers (`tgx.lowering.buffers`): liveness, the workspace and the `MemoryPlan`.
@@ -303,9 +304,24 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
     def in_region(j: int) -> bool:
         return fuse_regions and objs[backends[j]].fuses_regions and not _is_transfer(eqns[j])
 
+    at_bind = _bind_time(graph, weights, sp)
+    # equations of the weights alone run once per weight binding (`CompiledGraph.bind_weights`):
+    # they read nothing a call computes, so they leave the schedule, and a region around
+    # them stays one region
+    bind_instrs: list[Instruction] = []
+
+    def hoisted(j: int) -> bool:
+        if j not in at_bind:
+            return False
+        bind_instrs.append(single(j))
+        return True
+
     instrs: list[Instruction] = []
     i = 0
     while i < len(eqns):
+        if hoisted(i):
+            i += 1
+            continue
         if i in sp.buffers:
             instrs.append(_into_state_instruction(eqns[i], kernels[i], backends[i],
                                                   sp.buffers[i], slot_of, lit_slot, i))
@@ -320,7 +336,9 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
             # break it
             j, members = i, []
             while j < len(eqns):
-                if in_region(j) and backends[j] == backends[i]:
+                if j in at_bind:
+                    hoisted(j)
+                elif in_region(j) and backends[j] == backends[i]:
                     members.append(j)
                 elif not fold(eqns[j]):
                     break
@@ -348,7 +366,7 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
     const_dev = {remap.get(s, s): d for s, d in const_dev.items()}
     slot_dev = {slot[i]: d for i, d in dev_of.items() if i in slot}
     slot_dev.update(const_dev)
-    for ins in instrs:
+    for ins in (*bind_instrs, *instrs):
         ins.ins = tuple(remap.get(s, s) for s in ins.ins)
     out_slots = [remap.get(s, s) for s in out_slots]
     n_slots = len(slot) + len(lit_slots) + len(prepared)
@@ -364,6 +382,10 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
     persistent += [(f"w{a}:{prep[0].label}",
                     _scaled(_nbytes(graph.invars[a].aval), prep[0].nbytes_ratio), dev)
                    for a, _, b, dev, *prep in weight_copies if prep]
+    # values of the weights alone that calls read, held from one binding to the next
+    call_reads = {s for ins in instrs for s in ins.ins}
+    persistent += [(f"b{s}", _nbytes(a), slot_dev.get(s, HOST)) for ins in bind_instrs
+                   for s, a in zip(ins.outs, ins.out_avals) if s in call_reads]
     state_bufs = [(f"s{a}", _nbytes(graph.invars[a].aval), HOST) for a, _ in state]
     workspace, memory, dead = plan_buffers(graph, instrs, in_slots, out_slots, consts, slot,
                                            use_workspace, HOST, persistent, state_bufs,
@@ -373,13 +395,43 @@ def _lower_scheduled(graph: BackendGraph, sp, *, in_names=None, fuse_regions: bo
                          in_names=names, out_slots=out_slots, consts=consts,
                          instructions=instrs, dead=dead, workspace=workspace, memory=memory,
                          symbols=symbols, weight_args=sorted(weights),
-                         weight_copies=weight_copies,
+                         weight_copies=weight_copies, bind_instructions=bind_instrs,
                          state=[(a, o, c) for (a, o), c in zip(state, sp.copy)],
                          state_reasons=sp.reasons, state_alias_outs=sp.alias_outs,
                          graph=graph)
     if any(k is not None and k.own_pool for k in kernels):
         cg.blas_threads = 1  # the thread budget (tgx.backends.threads)
     return cg
+
+
+def _bind_time(graph, weights: Sequence[int], sp) -> set[int]:
+    """The equations computing from bound weights (and constants) alone: every input a weight,
+    a constant, a literal or such an equation's result, at least one of them of a weight;
+    every shape concrete; no result returned or written into state. `1 + w` of a norm's
+    weight, `w.T`, a dequantization `w_int8 * scale`: computed once per binding, as
+    `torch.jit.freeze` folds a frozen module's parameters."""
+    bound = {graph.invars[i].id for i in weights}
+    if not bound:
+        return set()
+    known = set(bound)
+    consts = {v.id for v in graph.constvars}
+    returned = {v.id for v in graph.outvars if isinstance(v, Var)}
+    found = set()
+    for i, e in enumerate(graph.eqns):
+        ins = [a for a in e.invars if isinstance(a, Var)]
+        if _is_transfer(e) and ins and ins[0].id in consts:
+            consts.update(v.id for v in e.outvars)  # converted once (`fold`)
+            continue
+        if (i in sp.buffers or i in sp.inplace or not ins
+                or not all(a.id in known or a.id in consts for a in ins)
+                or not any(a.id in known for a in ins)
+                or any(v.id in returned for v in e.outvars)
+                or any(free_symbols(a.aval.shape) for a in (*ins, *e.outvars))):
+            continue
+        known.update(v.id for v in e.outvars)
+        if not (_is_transfer(e) and ins[0].id in bound):
+            found.add(i)  # (a weight's own copy is converted at binding: `weight_copies`)
+    return found
 
 
 def _with_prepared(e, kernel, ins, build, prepared_slot):

@@ -103,7 +103,8 @@ class CompiledGraph:
                  workspace: dict | None = None, memory=None, symbols: Sequence = (),
                  weight_args: Sequence[int] = (), weight_copies: Sequence[tuple] = (),
                  state: Sequence[tuple] = (), state_reasons: Sequence[str] = (),
-                 state_alias_outs: Sequence[int] = (), graph=None):
+                 state_alias_outs: Sequence[int] = (), bind_instructions: Sequence = (),
+                 graph=None):
         self.n_slots = n_slots
         self.in_slots = tuple(in_slots)
         self.in_avals = tuple(in_avals)
@@ -129,6 +130,17 @@ class CompiledGraph:
         self._bound: tuple = ()
         #: weight conversions done so far (each bound array once per backend)
         self.weight_conversions = 0
+        #: instructions computing from the weights alone (`1 + w` of a norm), run by
+        #: `bind_weights` once per binding; their results read by the call are held in
+        #: `_bound` after the weight copies, as `_bind_outs`
+        self.bind_instructions = list(bind_instructions)
+        read = {s for ins in self.instructions for s in ins.ins}
+        self._bind_outs = tuple(s for ins in self.bind_instructions for s in ins.outs
+                                if s in read)
+        #: times the bind instructions ran (once per new weight binding)
+        self.bind_runs = 0
+        #: whether a call binds weights (converts them, or computes from them)
+        self._binds = bool(self.weight_copies or self.bind_instructions)
         #: state buffers: (arg index, output index, copy) per state leaf; `copy`: the result
         #: is copied into the caller's array at the end of the call (else it was updated in
         #: place); `state_reasons[k]` says why a leaf is copied
@@ -277,7 +289,7 @@ class CompiledGraph:
     def _input_alias_outs(self) -> tuple:
         # constants too: a result sharing a closed-over array (or the plan's own constant, or
         # a result computed once per binding) would let the caller's writes reach it
-        views = set(self.in_slots) | set(self.consts)
+        views = set(self.in_slots) | set(self.consts) | set(self._bind_outs)
         views.update(s for t in self._foldable for s in self.instructions[t].outs)
         for ins in self.instructions:
             if ins.returns_view:
@@ -298,7 +310,7 @@ class CompiledGraph:
         """
         src = tuple(args[i] for i in self.weight_args)
         old = dict(zip(self.weight_args, self._bound_src))
-        reuse = len(self._bound) == len(self.weight_copies)
+        reuse = len(self._bound) == len(self.weight_copies) + len(self._bind_outs)
         bound = []
         for j, (a, _, backend, device, *prep) in enumerate(self.weight_copies):
             x = args[a]
@@ -310,7 +322,31 @@ class CompiledGraph:
             x = get_backend(backend).convert(x, device)
             bound.append(prep[0].fn(x) if prep else x)  # a kernel's held form (Kernel.prepare)
             self.weight_conversions += 1
+        if self.bind_instructions:
+            bound += self._run_bind_instructions(args, bound)
         self._bound_src, self._bound = src, tuple(bound)
+
+    def _run_bind_instructions(self, args: Sequence[Any], copies: list) -> list:
+        """The values of the bind instructions the call reads, computed from the weights
+        (`args`), their copies and the constants. A kernel failing raises the `KernelError`
+        a call would."""
+        env = {s: (c({}) if callable(c) else c) for s, c in self.consts.items()}
+        for a in self.weight_args:
+            x = args[a]
+            env[self.in_slots[a]] = x if type(x) is np.ndarray else _coerce(x, self.in_avals[a])
+        env.update(zip((c[1] for c in self.weight_copies), copies))
+        for t, ins in enumerate(self.bind_instructions):
+            inputs = [env[s] for s in ins.ins]
+            try:
+                res = ins.build({}, None)(*inputs)
+            except Exception as e:
+                raise self._instruction_error(
+                    ins, f"bind instruction {t} of {len(self.bind_instructions)}",
+                    inputs, e) from e
+            vals = res if ins.multi_out or len(ins.outs) > 1 else (res,)
+            env.update(zip(ins.outs, vals))
+        self.bind_runs += 1
+        return [env[s] for s in self._bind_outs]
 
     def _bind_new_weights(self, args: Sequence[Any]) -> None:
         """`bind_weights` when the weight arguments are not the objects bound last."""
@@ -411,7 +447,7 @@ class CompiledGraph:
 
     def _generate(self, instrs: list, template: list) -> RunFunction:
         return generate(instrs, in_slots=self.in_slots, out_slots=self.out_slots,
-                        bound_slots=[c[1] for c in self.weight_copies],
+                        bound_slots=[*(c[1] for c in self.weight_copies), *self._bind_outs],
                         consts={s: v for s, v in enumerate(template) if v is not None},
                         labels=[ins.label for ins in self.instructions])
 
@@ -585,7 +621,7 @@ class CompiledGraph:
         if len(args) != len(self.in_slots):
             raise BindingError(f"expected {len(self.in_slots)} arguments, got {len(args)}")
         objs = self._check_state(args) if self.state else None
-        if self.weight_copies:
+        if self._binds:
             self._bind_new_weights(args)
         through = self._through
         for i, a in enumerate(args):
@@ -680,7 +716,7 @@ class CompiledGraph:
         # immutable state computed afresh is the result as it is: nothing to write back
         finish = bool(np_state or private or self.state_alias_outs or self.input_alias_outs)
         execute = self._execute
-        prepare = bool(self.weight_copies or private or through_np)
+        prepare = bool(self._binds or private or through_np)
 
         def run(args: list) -> list:
             if len(set(map(id, args))) != n:  # one object passed twice: run_flat decides
@@ -697,7 +733,7 @@ class CompiledGraph:
                     objs[k] = x
             if prepare:
                 args = list(args)  # the caller's list keeps the objects it passed
-                if self.weight_copies:
+                if self._binds:
                     self._bind_new_weights(args)
                 for a in private:
                     args[a] = aligned_copy(args[a])
@@ -741,11 +777,17 @@ class CompiledGraph:
         if found is None:
             return None
         t, inputs = found
-        instr = self.instructions[t]
+        return self._instruction_error(self.instructions[t],
+                                       f"instruction {t} of {len(self.instructions)}",
+                                       inputs, error)
+
+    def _instruction_error(self, instr: Instruction, where: str, inputs: list,
+                           error: Exception) -> KernelError:
+        """The `KernelError` for `instr` (`where` it is in the schedule) failing on `inputs`."""
         shapes = ", ".join(f"{getattr(x, 'dtype', type(x).__name__)}"
                            f"{list(getattr(x, 'shape', ()))}" for x in inputs)
-        lines = [f"kernel {instr.label} (instruction {t} of {len(self.instructions)}, on "
-                 f"{instr.backend}) failed: {type(error).__name__}: {error}",
+        lines = [f"kernel {instr.label} ({where}, on {instr.backend}) failed: "
+                 f"{type(error).__name__}: {error}",
                  f"  inputs: {shapes or 'none'}"]
         name = var_namer(self.graph) if self.graph is not None else var_namer()
         for j in instr.eqns[:4]:
