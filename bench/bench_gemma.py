@@ -19,7 +19,8 @@ positions). Rows, all in this one process:
   examples/gemma3.py written in each library, the cache updated in place / donated), and
   Hugging Face `Gemma3ForCausalLM` eager (its own DynamicCache, cropped back each call).
 
-Rows are timed in rotating blocks: each round visits every row, warms it up with one call
+Rows are timed in shuffled blocks: each round visits every row (in a seeded shuffled order, so
+that no row always follows the same one), warms it up with one call
 after the switch of library, then times `--calls` calls. Printed per row: median, min and
 spread (p90 / median) over all timed calls, and the ratio to the best single-library row
 (every row but tgx FASTEST). Every row's logits are checked against NumPy's first.
@@ -42,6 +43,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import gemma3 as G  # noqa: E402
 
 import tgx  # noqa: E402
+from tgx.profiling.timing import round_orders  # noqa: E402
 from tgx.io import flatten_names, unflatten_names  # noqa: E402
 
 PREFILL, CONTEXT, T_MAX = 128, 128, 256
@@ -232,9 +234,9 @@ def floor_rows(params, rows: int) -> list[Row]:
 
 
 def time_rows(rows: list[Row], rounds: int, calls: int) -> None:
-    """Rotating blocks: per round, each row gets one warm-up call then `calls` timed ones."""
-    for r in range(rounds):
-        order = rows[r % len(rows):] + rows[:r % len(rows)]
+    """Shuffled blocks (`round_orders`): per round, each row gets one warm-up call then
+    `calls` timed ones."""
+    for order in round_orders(rows, rounds):
         for row in order:
             row.call()
             for _ in range(calls):
@@ -254,7 +256,7 @@ def check(rows: list[Row], ref) -> None:
 def report(phase: str, rows: list[Row]) -> None:
     med = {r.name: float(np.median(r.times)) for r in rows}
     best = min((r for r in rows if r.single), key=lambda r: med[r.name])
-    print(f"\n{phase}: median of {len(rows[0].times)} calls per row, rotating blocks; "
+    print(f"\n{phase}: median of {len(rows[0].times)} calls per row, shuffled blocks; "
           f"ratio to the best single library ({best.name})")
     print(f"  {'row':24s} {'median ms':>10s} {'min ms':>8s} {'p90/med':>8s} {'ratio':>7s}")
     for r in sorted(rows, key=lambda r: med[r.name]):

@@ -5,7 +5,7 @@ and the peers, per pattern, prefill (128 rows) and decode (1 row).
 
 Per pattern (`tgx.backends.numba_patterns`; d=640, MLP width 2048, RoPE on 4 heads of 256,
 the LSTM / GRU cells of hidden size 640 after their GEMMs), contenders run interleaved
-in one process, rotating order per round:
+in one process, a seeded shuffled order per round (`round_orders`):
 
 - `tgx pattern`: the compiled function, its one equation the pattern kernel (the compiled
   function's call overhead included: ~8 µs of argument handling, see bench_run_loop.py);
@@ -39,6 +39,7 @@ import time
 import numpy as np
 
 import tgx
+from tgx.profiling.timing import round_orders
 import tgx.nn as tnn
 import tgx.numpy as tnp
 from tgx.backends import numba_patterns as NP
@@ -237,14 +238,14 @@ def rope_contenders(rows):
 
 
 def measure(fns: dict, rounds: int) -> dict:
-    """Per contender, the per-call times of rounds of rotating order; each round one warm-up
+    """Per contender, the per-call times of rounds in shuffled order; each round one warm-up
     call and a burst of calls sized to ~20 ms."""
     names = list(fns)
     times: dict = {k: [] for k in names}
     for f in fns.values():
         f()
-    for r in range(rounds):
-        for k in names[r % len(names):] + names[:r % len(names)]:
+    for order in round_orders(names, rounds):
+        for k in order:
             f = fns[k]
             f()
             t0 = time.perf_counter()

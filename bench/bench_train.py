@@ -37,7 +37,7 @@ Contenders, all in this one process, from the same initial weights and batch:
 
 Before timing, every contender's first two losses are checked against tgx's (the first is the
 same model on the same weights: rtol 1e-4; the second follows one Adam update: rtol 1e-3).
-Timing follows bench_kernels.py: rounds in rotating order; per round and contender one
+Timing follows bench_kernels.py: rounds in shuffled order; per round and contender one
 warm-up call, then a burst of calls sized to ~50 ms, timed as a whole. Printed: the median
 per step over the rounds, the spread (p90/median) and the ratio to the best peer (not tgx),
 with each contender's compile time, tgx's plan summary, and the 1-minute load average at
@@ -62,6 +62,7 @@ import train_lm as L  # noqa: E402
 import train_mlp as M  # noqa: E402
 
 import tgx  # noqa: E402
+from tgx.profiling.timing import round_orders  # noqa: E402
 from tgx import optim  # noqa: E402
 
 LR = 1e-3
@@ -377,10 +378,10 @@ def contenders(w: Workload, store, explore_budget: float | None, skip: set) -> l
 
 
 def measure(cs: list[Contender], rounds: int) -> None:
-    """Rounds in rotating order; per round and contender one warm-up call, then a burst of
+    """Rounds in shuffled order; per round and contender one warm-up call, then a burst of
     calls sized to ~50 ms, timed as a whole (its mean per call is the round's figure)."""
-    for r in range(rounds):
-        for c in cs[r % len(cs):] + cs[:r % len(cs)]:
+    for order in round_orders(cs, rounds):
+        for c in order:
             c.step()
             t0 = time.perf_counter()
             c.step()

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gemma3 as G  # noqa: E402
 
 import tgx  # noqa: E402
+from tgx.profiling.timing import round_orders  # noqa: E402
 from tgx.io import flatten_names, unflatten_names  # noqa: E402
 from tgx.explore import (  # noqa: E402
     candidate_assignments, explore_kernels, measure_assignments, unmeasured,
@@ -45,13 +46,13 @@ def section(title: str) -> None:
 
 
 def interleaved_times(rows, rounds: int = 9, calls: int = 5) -> list[tuple[str, float, float]]:
-    """(name, median, spread) per row: `rounds` rounds in a rotating order, each row one
+    """(name, median, spread) per row: `rounds` rounds in a shuffled order, each row one
     untimed call (its library's thread pools and caches settle) then `calls` timed ones;
     the median of all timed calls, and the spread of the round medians (max - min over
     median), so that no row is measured only while another's pools were spinning."""
     per = {name: [] for name, _ in rows}
-    for r in range(rounds):
-        for name, fn in rows[r % len(rows):] + rows[:r % len(rows)]:
+    for order in round_orders(rows, rounds):
+        for name, fn in order:
             fn()
             ts = []
             for _ in range(calls):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import statistics
 import sys
 import time
@@ -20,6 +21,24 @@ BATCH_BELOW_S = 20e-6
 #: Target duration of one batched sample.
 BATCH_TARGET_S = 200e-6
 MAX_BATCH = 100_000
+
+
+def round_orders(items: Sequence, rounds: int, seed: int = 0) -> list[list]:
+    """The order to visit `items` in, per round of an interleaved benchmark: round 0 in the
+    given order, later ones shuffled (seeded: the same every run). A rotation would keep each
+    item behind the same predecessor in every round, so one whose thread pools spin on after
+    it returns (torch's OpenMP, oneDNN) would slow the same neighbour every time.
+
+    >>> round_orders("abc", 3)
+    [['a', 'b', 'c'], ['a', 'c', 'b'], ['c', 'b', 'a']]
+    """
+    rng = random.Random(seed)
+    out = [list(items)]
+    for _ in range(1, rounds):
+        order = list(items)
+        rng.shuffle(order)
+        out.append(order)
+    return out[:rounds]
 
 
 @dataclass(frozen=True)
