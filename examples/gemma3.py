@@ -268,6 +268,8 @@ class _Ops:
         return self.xp.repeat(x, n, axis=axis)
 
     def arange(self, n, like):
+        if self.lib == "torch":   # on `like`'s device (a CUDA model's positions too)
+            return self.xp.arange(n, dtype=like.dtype, device=like.device)
         return self.xp.arange(n, dtype=like.dtype)
 
     def max(self, x):
