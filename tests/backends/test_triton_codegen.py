@@ -169,22 +169,19 @@ def test_without_triton_nothing_is_offered(monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("name", sorted(REDUCING))
-def test_cuda_kernel_in_a_compiled_plan_matches_float64(name, monkeypatch):
-    from tgx.planning import fastest
-    from tgx.planning.cost_model import CostModel, Estimate
-
-    class Measured(CostModel):   # as if the store had measured the Triton kernel faster
-        def kernel(self, eqn, kernel, dims):
-            fast = kernel.name == "fused" and kernel.variant == "triton"
-            return Estimate(1e-7 if fast else 1e-5, "measured", "planted")
-
-    monkeypatch.setattr(fastest, "CostModel", lambda *a, **k: Measured())
+def test_cuda_kernel_in_a_compiled_plan_matches_float64(name):
+    # on a GPU the plan keeps a region whose Triton kernel torch accepts (heuristic rule 5);
+    # tnn.rms_norm is a composite torch has a kernel of its own for, which the plan keeps
+    # (rule 1), so no region forms around it
     f, ref, shapes = REDUCING[name]
     rng = np.random.default_rng(0)
     args = [_draw(rng, s, "float32") for s in shapes((4, 64), 640)]
     plan = tgx.compile(f, backends=["torch"], device="cuda", store=None,
                        patterns=False).lower(*args)
-    assert any(k.variant == "triton" for k in plan.kernels), plan.kernels
+    if name == "residual_rms_norm_1p":
+        assert "rms_norm[library]@torch" in map(repr, plan.kernels), plan.kernels
+    else:
+        assert any(k.variant == "triton" for k in plan.kernels), plan.kernels
     got = plan(*args)
     want = ref(*[a.astype(np.float64) if a.dtype.kind == "f" else a for a in args])
     for a, b in zip(got if isinstance(got, (list, tuple)) else [got],

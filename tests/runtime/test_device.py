@@ -229,7 +229,9 @@ def test_simulated_cuda_mlp(fake_cuda, backends, rng):
                                   "is CPU-only")
     work = [b for e, b in zip(plan.graph.eqns, plan.graph.backends)
             if e.primitive.name != "copy_to"]
-    assert set(work) == {"torch"}
+    # by default the device's whole-program backend (XLA) where it reaches the device
+    lib = "jax" if backends is None and HAS_JAX else "torch"
+    assert set(work) == {lib}
     for e in plan.graph.eqns:
         if e.primitive.name == "copy_to":
             assert e.params["device"] == ("cpu" if e.params["backend"] == "numpy" else "cuda:0")
@@ -241,12 +243,12 @@ def test_simulated_cuda_mlp(fake_cuda, backends, rng):
     est = plan.estimate_memory(N=8)
     assert set(est) == {"cpu", "cuda:0"} and est["cuda:0"] > sum(a.nbytes for a in p.values())
     # weights: converted once to the device
-    assert {(b, d) for _, _, b, d in cg.weight_copies} == {("torch", "cuda:0")}
+    assert {(b, d) for _, _, b, d in cg.weight_copies} == {(lib, "cuda:0")}
     n = cg.weight_conversions
     assert n == len(p)
     f(p, rng.standard_normal((3, 32)).astype(np.float32))
     assert cg.weight_conversions == n
-    assert set(fake_cuda) == {("torch", "cuda:0")}
+    assert set(fake_cuda) == {(lib, "cuda:0")}
 
 
 def test_simulated_cuda_matches_the_cpu_memory_elsewhere(fake_cuda, rng):
@@ -390,7 +392,12 @@ def test_cuda_block(backends, rng):
     assert "cuda:0" in plan.estimate_memory()
     g = tgx.compile(bench.block, device="cuda:0", backends=backends, return_backend_arrays=True)
     t = g(p, x, cos, sin)
-    assert isinstance(t, torch.Tensor) and t.device == torch.device("cuda:0")
+    if backends is None and _jax_has_gpu():  # the device's whole-program backend (rule 5)
+        import jax
+        assert isinstance(t, jax.Array) and t.devices() == {jax.devices()[0]}
+        assert jax.devices()[0].platform == "gpu"
+    else:
+        assert isinstance(t, torch.Tensor) and t.device == torch.device("cuda:0")
 
 
 @cuda

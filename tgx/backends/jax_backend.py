@@ -295,8 +295,11 @@ class JaxBackend(Backend):
         # jax.jit moves NumPy arguments in its C++ dispatch, all in one go: decode's 36 KV
         # caches cost ~5 ms as separate device_puts and ~nothing as jit arguments (measured,
         # 2-core CPU). Uncommitted NumPy arguments land on jax's default device, so only
-        # where that is the host.
-        return device == "cpu" and jax.default_backend() == "cpu"
+        # where that is `device`: the host, or the GPU a device plan runs on (one transfer
+        # of all of them in the dispatch, not a device_put each)
+        if device == "cpu":
+            return jax.default_backend() == "cpu"
+        return jax.devices()[0] == _jax_device(device)
 
     def region(self, steps, in_ids, out_ids):
         def run(*xs):
