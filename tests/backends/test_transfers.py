@@ -72,3 +72,53 @@ def test_cuda_round_trip():
         pytest.skip("no CUDA device")
     x = np.arange(10, dtype=np.float32)
     np.testing.assert_array_equal(to_host(get_backend("torch").convert(x, "cuda:0")), x)
+
+
+@pytest.mark.skipif(not backend_available("jax"), reason="jax is not installed")
+@pytest.mark.parametrize("backend_arrays", [False, True])
+def test_a_device_plan_starts_its_copies_to_the_host_together(backend_arrays, monkeypatch):
+    """A device plan whose results (here the new state) are jax arrays off the host starts
+    every copy back before the first is waited for (`start_to_host`); a host plan starts
+    none; the caller's arrays get exact values either way. The "GPU" is the CPU, with jax's
+    host device standing for another one (as tests/runtime/test_device.py's fake_cuda)."""
+    import sys
+
+    import jax
+    import jax.numpy as jnp
+
+    started: list = []
+    array_type = type(jnp.ones(1))
+    real = array_type.copy_to_host_async
+
+    def record(self):
+        started.append(self.shape)
+        return real(self)
+
+    monkeypatch.setattr(array_type, "copy_to_host_async", record)
+
+    def step(x, cache):
+        return x.sum(), [c + x for c in cache]
+
+    n = 8192   # over TINY: the adds run on jax, not on NumPy
+    cache = [np.zeros(n, np.float32), np.ones(n, np.float32), np.full(n, 2, np.float32)]
+    x = np.arange(n, dtype=np.float32)
+    host = tgx.compile(step, state="cache", backends=["jax"], policy="heuristic",
+                       return_backend_arrays=backend_arrays)
+    host(x, cache)    # on the host: zero-copy views, nothing to start
+    assert started == []
+    np.testing.assert_array_equal(cache[2], x + 2)
+
+    jb = get_backend("jax")
+    mod = sys.modules[type(jb).__module__]
+    cpu = jax.devices("cpu")[0]
+    monkeypatch.setattr(jb, "device_reason", lambda d: None)
+    monkeypatch.setattr(mod, "_jax_device", lambda d: object() if d == "cpu" else cpu)
+    dev = tgx.compile(step, state="cache", backends=["jax"], device="cuda:0",
+                      return_backend_arrays=backend_arrays)
+    # the new state, and with NumPy results the sum too
+    per_call = [(n,)] * 3 if backend_arrays else [(), *[(n,)] * 3]
+    for calls in (1, 2):
+        dev(x, cache)
+        assert started == per_call * calls
+        np.testing.assert_array_equal(cache[0], (calls + 1) * x)
+        np.testing.assert_array_equal(cache[2], (calls + 1) * x + 2)

@@ -31,6 +31,7 @@ from .base import (
     preference,
     primary_backend,
     register_backend,
+    start_to_host,
     to_host,
     unavailable_reason,
     unregister_backend,
@@ -44,5 +45,5 @@ register_backend("jax", library="jax", module="tgx.backends.jax_backend",
 
 __all__ = ["Backend", "BackendSpec", "available_backends", "backend_available", "backend_of",
            "check_backends", "get_backend", "host_backend", "host_name", "load_backend",
-           "owning_backend", "preference", "primary_backend", "register_backend", "to_host",
-           "unavailable_reason", "unregister_backend"]
+           "owning_backend", "preference", "primary_backend", "register_backend",
+           "start_to_host", "to_host", "unavailable_reason", "unregister_backend"]

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import backend_of, get_backend, to_host
+from ..backends import backend_of, get_backend, start_to_host, to_host
 from ..core import pp_eqn, var_namer
 from ..devices import aligned_copy, aligned_empty
 from ..errors import BindingError, DTypeError, KernelError
@@ -146,6 +146,12 @@ class CompiledGraph:
         #: place); `state_reasons[k]` says why a leaf is copied
         self.state = tuple(state)
         self.state_reasons = tuple(state_reasons) or ("",) * len(self.state)
+        #: whether values live off the host (a device plan): copies back are started at once
+        self._off_host = graph is not None and any(
+            e.primitive.name == "copy_to" and e.params.get("device", "cpu") != "cpu"
+            for e in graph.eqns)
+        #: state leaves copied back each call, started at once on a device (`_write_state`)
+        self._copied_state = sum(copy for _, _, copy in self.state) if self._off_host else 0
         #: outputs that may share memory with a state buffer: copied before they are returned
         self.state_alias_outs = tuple(state_alias_outs)
         #: instructions that may read only constants, in order (`_fold_constants`)
@@ -426,9 +432,12 @@ class CompiledGraph:
             template[slot] = self._held_const(slot, c(dims) if callable(c) else c)
         instrs = []
         to_host = self._copies_to_host()
+        starts = self._starts_to_host(to_host)
         for t, (ins, dead) in enumerate(zip(self.instructions, self.dead)):
             out = views.get(ins.outs[0]) if ins.writes_out else None
             fn = to_host[t] if t in to_host else ins.build(dims, out)
+            if t in starts:
+                fn = _then_start_to_host(fn, starts[t])
             outs = ins.outs[0] if len(ins.outs) == 1 and not ins.multi_out else ins.outs
             instrs.append((fn, ins.ins, outs, dead))
         if self._foldable:
@@ -512,6 +521,22 @@ class CompiledGraph:
                     out[t] = src.to_host
         return out
 
+    def _starts_to_host(self, to_host: dict) -> dict:
+        """instruction -> the positions of its results that later instructions copy to the
+        host (`to_host`), where a device plan copies two or more results of one instruction:
+        it starts those copies as it returns (`tgx.backends.start_to_host`), so that each
+        copy does not wait for the device on its own (a decode's 36 KV-cache leaves)."""
+        if not self._off_host:
+            return {}
+        made_by = {s: (t, i) for t, ins in enumerate(self.instructions)
+                   for i, s in enumerate(ins.outs)}
+        out: dict = {}
+        for t in to_host:
+            src, i = made_by[self.instructions[t].ins[0]]
+            if self.instructions[src].multi_out or len(self.instructions[src].outs) > 1:
+                out.setdefault(src, []).append(i)
+        return {t: tuple(ix) for t, ix in out.items() if len(ix) > 1}
+
     def _copies_back(self, backend: str) -> frozenset:
         """The instructions that only copy a result of `backend` to the host to return it
         (nothing else reads the copy): left out when the caller takes `backend`'s arrays."""
@@ -591,6 +616,9 @@ class CompiledGraph:
         caller's objects as the new state (immutable ones: the new value)."""
         for j in self.state_alias_outs:
             outs[j] = _snapshot(outs[j])
+        if self._copied_state > 1:  # a device plan's new state: all copies to the host at once
+            start_to_host([outs[o] for (_, o, copy), obj in zip(self.state, objs)
+                           if copy and obj is not None])
         for (a, o, copy), obj in zip(self.state, objs):
             if obj is None:  # immutable: the computed value, or the private copy updated
                 if not copy:
@@ -833,6 +861,16 @@ class CompiledGraph:
 
     def __len__(self) -> int:
         return len(self.instructions)
+
+
+def _then_start_to_host(fn: Callable, positions: tuple) -> Callable:
+    """`fn` (an instruction with several results), then the copies of the results at
+    `positions` to the host started together."""
+    def run(*args):
+        outs = fn(*args)
+        start_to_host([outs[i] for i in positions])
+        return outs
+    return run
 
 
 def _snapshot(x):
