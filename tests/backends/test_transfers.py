@@ -122,3 +122,52 @@ def test_a_device_plan_starts_its_copies_to_the_host_together(backend_arrays, mo
         assert started == per_call * calls
         np.testing.assert_array_equal(cache[0], (calls + 1) * x)
         np.testing.assert_array_equal(cache[2], (calls + 1) * x + 2)
+
+
+@pytest.mark.skipif(not backend_available("jax"), reason="jax is not installed")
+def test_a_device_plan_starting_copies_still_donates_jax_state(monkeypatch):
+    """The donating call of a region is built under the one starting its copies back
+    (`CompiledGraph._variant`), and copies a mode leaves out (results kept as jax arrays)
+    are not started."""
+    import sys
+
+    import jax
+    import jax.numpy as jnp
+
+    started: list = []
+    array_type = type(jnp.ones(1))
+    real = array_type.copy_to_host_async
+    monkeypatch.setattr(array_type, "copy_to_host_async",
+                        lambda self: (started.append(self.shape), real(self))[1])
+    jb = get_backend("jax")
+    mod = sys.modules[type(jb).__module__]
+    cpu = jax.devices("cpu")[0]
+    monkeypatch.setattr(jb, "device_reason", lambda d: None)
+    monkeypatch.setattr(mod, "_jax_device", lambda d: object() if d == "cpu" else cpu)
+
+    def step(x, cache):
+        return (x.sum(), x * 2.0), [c + x for c in cache]
+
+    n = 8192
+    x = np.arange(n, dtype=np.float32)
+
+    def fresh():
+        return [jnp.zeros(n, jnp.float32), jnp.ones(n, jnp.float32)]
+
+    f = tgx.compile(step, state="cache", backends=["jax"], device="cuda:0")
+    cache = fresh()
+    (total, doubled), new = f(x, cache)      # jax arrays in: results stay jax arrays
+    assert float(total) == float(x.sum())
+    np.testing.assert_array_equal(np.asarray(doubled), 2 * x)
+    np.testing.assert_array_equal(np.asarray(new[1]), x + 1)
+    assert all(c.is_deleted() for c in cache)        # donated, as jax.jit(donate_argnums)
+    assert started == []                             # no copy back, none started
+    # every result to NumPy (no out_backend) and the state donated, in one call: the four
+    # copies started together, the state donated
+    cache = fresh()
+    outs = f.lower(x, cache).compiled.run_flat([x, *cache], donate=True)
+    assert all(c.is_deleted() for c in cache)
+    assert sorted(started) == [(), (n,), (n,), (n,)]
+    assert type(outs[1]) is np.ndarray
+    np.testing.assert_array_equal(outs[1], 2 * x)
+    np.testing.assert_array_equal(np.asarray(outs[3]), x + 1)

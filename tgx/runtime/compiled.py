@@ -472,14 +472,19 @@ class CompiledGraph:
         for a in donated:
             t, p = self._donatable[a]
             positions.setdefault(t, []).append((p, a))
+        # the copies back still made in this mode are the ones started together
+        starts = self._starts_to_host(self._copies_to_host(), drops) if self._off_host else {}
         instrs = []
         for t, (fn, ins, outs, dead) in enumerate(spec.instrs):
+            fn = getattr(fn, "_starts_inner", fn)
             if t in drops:
                 fn = None
             elif t in positions and getattr(fn, "donating", None) is not None:
                 usable = self._usable_donations(t, positions[t], spec.dims)
                 if usable:
                     fn = fn.donating(usable)
+            if t in starts:
+                fn = _then_start_to_host(fn, starts[t])
             instrs.append((fn, ins, outs, dead))
         v = replace(spec, instrs=tuple(instrs), run=self._generate(instrs, spec.template))
         self._variants[(key, mode)] = v
@@ -521,17 +526,20 @@ class CompiledGraph:
                     out[t] = src.to_host
         return out
 
-    def _starts_to_host(self, to_host: dict) -> dict:
+    def _starts_to_host(self, to_host: dict, drops: frozenset = frozenset()) -> dict:
         """instruction -> the positions of its results that later instructions copy to the
-        host (`to_host`), where a device plan copies two or more results of one instruction:
-        it starts those copies as it returns (`tgx.backends.start_to_host`), so that each
-        copy does not wait for the device on its own (a decode's 36 KV-cache leaves)."""
+        host (`to_host`, less the `drops` a variant leaves out), where a device plan copies
+        two or more results of one instruction: it starts those copies as it returns
+        (`tgx.backends.start_to_host`), so that each copy does not wait for the device on
+        its own (a decode's 36 KV-cache leaves)."""
         if not self._off_host:
             return {}
         made_by = {s: (t, i) for t, ins in enumerate(self.instructions)
                    for i, s in enumerate(ins.outs)}
         out: dict = {}
         for t in to_host:
+            if t in drops:
+                continue
             src, i = made_by[self.instructions[t].ins[0]]
             if self.instructions[src].multi_out or len(self.instructions[src].outs) > 1:
                 out.setdefault(src, []).append(i)
@@ -865,11 +873,13 @@ class CompiledGraph:
 
 def _then_start_to_host(fn: Callable, positions: tuple) -> Callable:
     """`fn` (an instruction with several results), then the copies of the results at
-    `positions` to the host started together."""
+    `positions` to the host started together. `_starts_inner` is `fn`, which a variant
+    (`CompiledGraph._variant`: donation, results left on the device) starts from."""
     def run(*args):
         outs = fn(*args)
         start_to_host([outs[i] for i in positions])
         return outs
+    run._starts_inner = fn
     return run
 
 
