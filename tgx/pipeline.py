@@ -51,7 +51,8 @@ from .planning.fastest import (cost_model_for, fastest_assignment, fastest_measu
 from .planning.heuristic import heuristic_assignment
 from .planning.kernel_patterns import match_patterns
 from .planning.options import PlanOptions
-from .planning.recipes import assignment_digest, measured_plans, traced_key
+from .planning.recipes import (assignment_digest, measured_plans, measured_with_more_backends,
+                               traced_key)
 from .planning.regions import fuse_regions
 from .shapes import hint_binding
 from .store import open_for_planning
@@ -116,6 +117,8 @@ def measured_as_traced(graph: Graph, options: PlanOptions, backends,
     dims = options.binding or hint_binding(graph.in_avals)
     found = measured_plans(graph, backends, store, dims, options=options, key=traced,
                            stale=True)
+    if not found:  # fewer backends than were explored: the plans measured on these alone
+        found = measured_with_more_backends(graph, backends, store, dims, options)
     tag = None if options.tolerance is None else tolerance_tag(options.tolerance)
     if tag is not None and not any(m.label.endswith(tag) for m in found):
         return None   # not raced under this tolerance: the stages build the selection

@@ -431,11 +431,21 @@ def test_a_later_compile_finds_the_measured_plan_from_the_traced_graph(store):
     assert "found from the traced graph" in plan.policy
     assert [n for n, _ in plan.stages][:2] == ["traced", "select"]  # simplify..fuse skipped
     # what changes the stages' result changes the key: planned through the stages again
-    for kw in (dict(patterns=False), dict(backends=BACKENDS[:1]), dict(tolerance=1e-3)):
+    for kw in (dict(patterns=False), dict(tolerance=1e-3)):
         c = tgx.compile(f, **{"policy": "fastest", "backends": BACKENDS, "store": store,
                               "dynamic": dyn, **kw})
         np.testing.assert_allclose(c(x), ref(x), rtol=1e-5)
         assert "found from the traced graph" not in c.lower(tgx.Spec(("N",))).policy
+    # fewer backends than explored: the fastest plan measured on those alone, not the stages
+    # and a selection priced from one-op figures (recipes.measured_with_more_backends)
+    traced = tgx.make_graph(f)(tgx.Spec(("N",)))
+    alone = recipes.measured_with_more_backends(traced, BACKENDS[:1], store, {"N": 32})
+    assert alone and all(m.backend == BACKENDS[0] for m in alone)
+    c = tgx.compile(f, policy="fastest", backends=BACKENDS[:1], store=store, dynamic=dyn)
+    np.testing.assert_allclose(c(x), ref(x), rtol=1e-5)
+    plan = c.lower(tgx.Spec(("N",)))
+    assert f"measured plan {alone[0].label}" in plan.policy
+    assert set(plan.graph.backends) == {BACKENDS[0]}
 
 
 def test_a_pattern_kernel_registered_later_changes_the_traced_key():

@@ -8,7 +8,10 @@ In order:
    predicts more time than the measured plan took.
 2. Otherwise the selection (`tgx.planning.selection`) over every kernel, decomposition and
    backend, priced by the store's figures and the cost model; the HEURISTIC plan instead when
-   the cost model prices it lower (FASTEST never predicts worse than HEURISTIC).
+   the cost model prices it lower (FASTEST never predicts worse than HEURISTIC). A selection
+   holding a kernel on a thread pool of its own is priced with its BLAS products on the one
+   thread its plan leaves them (`blas_capped_s`), against the selection without such
+   kernels.
 3. Equations priced without a measurement are flagged for ``tgx profile --pending``.
 
 >>> import tgx, tgx.numpy as tnp
@@ -19,6 +22,8 @@ In order:
 """
 
 from __future__ import annotations
+
+import os
 
 from ..backends import check_backends, host_name
 from ..core import Graph
@@ -52,6 +57,9 @@ def fastest_assignment(graph: Graph, options: PlanOptions, store, *,
     home = options.args_on if options.args_on in backends else None
     sel = select(graph, backends, cm, dims, weights=options.weights, patterns=options.patterns,
                  fuse=options.fuse, home=home)
+    price = sel.total
+    if measured is None and options.tolerance is None:
+        sel, price = _pool_aware(sel, graph, backends, cm, dims, options, home)
     if measured is not None:
         # Under a tolerance the selection may hold weights in a lower precision, which no
         # measured plan does: it is taken only when its prediction beats the measured plan;
@@ -65,13 +73,55 @@ def fastest_assignment(graph: Graph, options: PlanOptions, store, *,
     if options.tolerance is None:
         h = heuristic_assignment(graph, backends)
         h_cost = assignment_cost(h, backends, cm, dims, options.weights, home)
-        if h_cost < sel.total * (1 - 1e-9):
+        if h_cost < price * (1 - 1e-9):
             return h.replace(by=f"{options.policy} (heuristic plan: cheaper by the cost model)",
                              predicted_s=h_cost, dims=dims)
     a = realize(sel, options.policy)
     if flag and store is not None:
         flag_pending(store, cm, a, backends)
     return a
+
+
+#: primitives NumPy's library kernels compute with BLAS: a plan holding a kernel on a thread
+#: pool of its own runs them on one thread (`CompiledGraph.blas_threads`)
+BLAS_PRODUCTS = frozenset({"dot_general", "linear", "matmul", "scaled_dot_product_attention"})
+
+
+def blas_capped_s(a: Assignment, threads: int | None = None) -> float:
+    """What capping BLAS at one thread adds to `a`'s predicted time when `a` holds a kernel
+    on a thread pool of its own (0.0 otherwise): each BLAS product on the host backend, priced
+    with BLAS on all `threads` (default: this process's CPUs), taken as `threads` times as
+    long (a 256x256 product: 0.24 ms on two threads, 0.48 on one, docs/gemma.md).
+
+    >>> import tgx
+    >>> g = tgx.make_graph(lambda x: x @ x)(tgx.Spec((4, 4)))
+    >>> blas_capped_s(fastest_assignment(g, PlanOptions(backends=("numpy",)), store=None))
+    0.0
+    """
+    if not any(k is not None and k.own_pool for k in a.kernels) or a.estimates is None:
+        return 0.0
+    n = threads or len(os.sched_getaffinity(0))
+    host = host_name()
+    return sum(est.seconds * (n - 1) for e, b, k, est in
+               zip(a.graph.eqns, a.backends, a.kernels, a.estimates)
+               if b == host and k is not None and not k.own_pool
+               and e.primitive.name in BLAS_PRODUCTS)
+
+
+def _pool_aware(sel, graph, backends, cm: CostModel, dims, options, home):
+    """(selection, its price) FASTEST goes on with: `sel` priced with its BLAS products
+    capped where it holds a kernel on a pool of its own, or the selection without such
+    kernels where that is cheaper. The per-equation prices cannot see the cap: on NumPy
+    alone an 18-layer Gemma prefill's selection with torch's attention (own pool) was priced
+    below the plan without it and ran 319 ms against 189, its 127 GEMMs on one thread."""
+    capped = blas_capped_s(realize(sel))
+    if capped == 0.0:
+        return sel, sel.total
+    serial = select(graph, backends, cm.without_own_pools(), dims, weights=options.weights,
+                    patterns=options.patterns, fuse=options.fuse, home=home)
+    if serial.total < sel.total + capped:
+        return serial, serial.total
+    return sel, sel.total + capped
 
 
 def fastest_measured(graph: Graph, options: PlanOptions, store, dims) -> Assignment | None:

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import math
 import pathlib
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..backends import available_backends
 from ..backends.registry import all_kernels
 from ..graph import structural_hash
 from ..serialize import graph_to_bytes
@@ -212,6 +214,34 @@ def measured_plans(graph, backends: Sequence[str], store, dims: Mapping,
         if found:
             return found
     return []
+
+
+def measured_with_more_backends(graph, backends: Sequence[str], store, dims: Mapping,
+                                options=None) -> list[MeasuredPlan]:
+    """The plans of `graph` as traced measured under a larger set of backends than
+    `backends` (`traced_key`: EXPLORE over every backend measures each backend alone and
+    each set's selection too) that run on `backends` alone, fastest first. What FASTEST
+    restricted to fewer backends than were explored takes, where nothing was measured under
+    its own key: its selection is priced from one-op figures, and for an 18-layer Gemma
+    prefill on NumPy alone that selection ran 319 ms where the plan EXPLORE had measured
+    on NumPy ran 189 ms.
+
+    >>> import os, tempfile, tgx, tgx.numpy as tnp
+    >>> from tgx.store import BenchmarkStore
+    >>> g = tgx.make_graph(lambda x: tnp.exp(x))(tgx.Spec((4,)))
+    >>> with BenchmarkStore(os.path.join(tempfile.mkdtemp(), "s.json")) as st:
+    ...     measured_with_more_backends(g, ["numpy"], st, {})   # nothing explored yet
+    []
+    """
+    allowed = set(backends)
+    extra = [b for b in available_backends() if b not in allowed]
+    found: list[MeasuredPlan] = []
+    for n in range(1, len(extra) + 1):
+        for more in itertools.combinations(extra, n):
+            key = traced_key(graph, options or PlanOptions(), sorted(allowed | set(more)))
+            found += measured_plans(graph, backends, store, dims, options=options, key=key,
+                                    stale=True)
+    return sorted(found, key=lambda m: m.median_s)
 
 
 #: what FASTEST may leave out of a recipe name, in turn, where no plan was measured with
