@@ -268,11 +268,23 @@ def report(phase: str, rows: list[Row]) -> None:
             print(f"  {r.name}: {r.note}")
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_model_args(ap: argparse.ArgumentParser) -> None:
+    """The model's shape and phases (--layers, --vocab, --phase), shared with
+    bench_gemma_gpu.py."""
     ap.add_argument("--layers", type=int, default=18)
     ap.add_argument("--vocab", type=int, default=32768)
     ap.add_argument("--phase", choices=["prefill", "decode", "both"], default="both")
+
+
+def model_of(args) -> tuple:
+    """(config, phases) that `add_model_args`' arguments ask for."""
+    cfg = G.Config.gemma3_270m(vocab_size=args.vocab, num_hidden_layers=args.layers)
+    return cfg, ["prefill", "decode"] if args.phase == "both" else [args.phase]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_model_args(ap)
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=0, help="timed calls per block "
                     "(default: 2 for prefill, 5 for decode)")
@@ -290,7 +302,7 @@ def main(argv=None) -> None:
     ap.add_argument("--floor", action="store_true",
                     help="rows timing the model's GEMMs alone (NumPy, jax.jit, torch bf16)")
     args = ap.parse_args(argv)
-    cfg = G.Config.gemma3_270m(vocab_size=args.vocab, num_hidden_layers=args.layers)
+    cfg, phases = model_of(args)
     t0 = time.perf_counter()
     params = G.random_params(cfg)
     n = sum(v.size for v in flatten_names(params).values())
@@ -300,7 +312,7 @@ def main(argv=None) -> None:
           f"{os.cpu_count()} CPUs")
     with tempfile.TemporaryDirectory() as tmp:
         store = tgx.BenchmarkStore(args.store or os.path.join(tmp, "store.json"))
-        for phase in (["prefill", "decode"] if args.phase == "both" else [args.phase]):
+        for phase in phases:
             rng = np.random.default_rng(0)
             tokens, pos = phase_inputs(phase, cfg, rng)
             print(f"\n== {phase}: {len(tokens)} token(s) at position {pos}")

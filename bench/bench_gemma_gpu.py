@@ -167,9 +167,7 @@ def host(x) -> np.ndarray:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--layers", type=int, default=18)
-    ap.add_argument("--vocab", type=int, default=32768)
-    ap.add_argument("--phase", choices=["prefill", "decode", "both"], default="both")
+    B.add_model_args(ap)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=10, help="timed calls per block")
     ap.add_argument("--skip", nargs="*", default=[], help="peer rows to leave out: "
@@ -188,7 +186,7 @@ def main(argv=None) -> None:
         return
     if args.precision != "default":
         jax.config.update("jax_default_matmul_precision", args.precision)
-    cfg = G.Config.gemma3_270m(vocab_size=args.vocab, num_hidden_layers=args.layers)
+    cfg, phases = B.model_of(args)
     params = G.random_params(cfg)
     n = sum(v.size for v in flatten_names(params).values())
     name = torch.cuda.get_device_name(0) if DEVICE != "cpu" else "cpu"
@@ -196,7 +194,7 @@ def main(argv=None) -> None:
           f"layers, d={cfg.hidden_size}, vocab {cfg.vocab_size}, {n / 1e6:.0f}M float32 "
           f"weights; torch {torch.__version__}, jax {jax.__version__} on "
           f"{jax.devices()[0].platform}, jax matmul precision {args.precision}")
-    for phase in (["prefill", "decode"] if args.phase == "both" else [args.phase]):
+    for phase in phases:
         tokens, pos = B.phase_inputs(phase, cfg, np.random.default_rng(0))
         print(f"\n== {phase}: {len(tokens)} token(s) at position {pos}", flush=True)
         rows = tgx_rows(cfg, params, phase, tokens, pos)

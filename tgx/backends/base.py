@@ -320,9 +320,7 @@ def to_host(x: Any) -> np.ndarray:
     from CPU torch and CPU jax)."""
     if type(x) is np.ndarray:
         return x
-    b = _OWNERS.get(type(x), _UNSEEN)  # on every copy back to the host: one dict lookup
-    if b is _UNSEEN:
-        b = _OWNERS[type(x)] = _owner(x)
+    b = _cached_owner(x)
     return b.to_host(x) if b is not None else np.asarray(x)
 
 
@@ -335,11 +333,7 @@ def start_to_host(xs: Sequence) -> None:
     """
     by: dict = {}
     for x in xs:
-        if type(x) is np.ndarray:
-            continue
-        b = _OWNERS.get(type(x), _UNSEEN)
-        if b is _UNSEEN:
-            b = _OWNERS[type(x)] = _owner(x)
+        b = None if type(x) is np.ndarray else _cached_owner(x)
         if b is not None:
             by.setdefault(b, []).append(x)
     for b, arrays in by.items():
@@ -349,6 +343,15 @@ def start_to_host(xs: Sequence) -> None:
 _UNSEEN = object()
 #: array type -> the backend that owns it (None: NumPy converts it), filled by `to_host`
 _OWNERS: dict[type, Backend | None] = {}
+
+
+def _cached_owner(x: Any) -> Backend | None:
+    """`_owner(x)`, looked up once per array type (on every copy back to the host: one dict
+    lookup)."""
+    b = _OWNERS.get(type(x), _UNSEEN)
+    if b is _UNSEEN:
+        b = _OWNERS[type(x)] = _owner(x)
+    return b
 
 
 def _owner(x: Any) -> Backend | None:

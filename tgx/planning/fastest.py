@@ -98,14 +98,32 @@ def blas_capped_s(a: Assignment, threads: int | None = None) -> float:
     >>> blas_capped_s(fastest_assignment(g, PlanOptions(backends=("numpy",)), store=None))
     0.0
     """
-    if not any(k is not None and k.own_pool for k in a.kernels) or a.estimates is None:
+    if a.estimates is None:
+        return 0.0
+    return _capped_s(list(zip(a.graph.eqns, a.backends, a.kernels, a.estimates)), threads)
+
+
+def _capped_s(steps: list, threads: int | None = None) -> float:
+    """`blas_capped_s` of (equation, backend, kernel, estimate) steps."""
+    if not any(k is not None and k.own_pool for _, _, k, _ in steps):
         return 0.0
     n = threads or len(os.sched_getaffinity(0))
     host = host_name()
-    return sum(est.seconds * (n - 1) for e, b, k, est in
-               zip(a.graph.eqns, a.backends, a.kernels, a.estimates)
+    return sum(est.seconds * (n - 1) for e, b, k, est in steps
                if b == host and k is not None and not k.own_pool
                and e.primitive.name in BLAS_PRODUCTS)
+
+
+def _steps(sel) -> list:
+    """The (equation, backend, kernel, estimate) steps `realize(sel)` would emit, in order,
+    without building its graph."""
+    out = []
+    for e, c in zip(sel.graph.eqns, sel.choices):
+        if c.sub is not None:
+            out += _steps(c.sub)
+        else:
+            out.append((e, c.backend, c.kernel, c.estimate))
+    return out
 
 
 def _pool_aware(sel, graph, backends, cm: CostModel, dims, options, home):
@@ -114,7 +132,7 @@ def _pool_aware(sel, graph, backends, cm: CostModel, dims, options, home):
     kernels where that is cheaper. The per-equation prices cannot see the cap: on NumPy
     alone an 18-layer Gemma prefill's selection with torch's attention (own pool) was priced
     below the plan without it and ran 319 ms against 189, its 127 GEMMs on one thread."""
-    capped = blas_capped_s(realize(sel))
+    capped = _capped_s(_steps(sel))
     if capped == 0.0:
         return sel, sel.total
     serial = select(graph, backends, cm.without_own_pools(), dims, weights=options.weights,
