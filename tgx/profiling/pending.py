@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import itertools
 import math
+import os
 import warnings
 from typing import Any
 
@@ -400,7 +402,8 @@ def kernel_job(eqn: Any, kernel: Any, dims: dict, seed: int = 0, *,
     else:
         bargs = tuple(kernel.prepared([backend.convert(x) for x in args]))
         copies = _cold_copies(bargs, backend,
-                              None if operands is None else operands.setdefault("arena", {}))
+                              None if operands is None else operands.setdefault("arena", {}),
+                              frozenset(p.operand for p in kernel.prepare))
         sync = sync_for(kernel.backend)
         if copies and sync is not None:
             # a copy to jax is asynchronous: the first timed calls would wait for it (an
@@ -444,17 +447,73 @@ SWEEP_WARMUP = 1
 #: which a loop over one copy would keep in the cache (a 2048x640 float32 GEMV: 37 µs hot,
 #: ~230 µs streamed from memory, as decode runs it).
 COLD_BYTES = 256 * 1024
+#: the fewest bytes a cold operand set spans (the machines before 2026-11 had L3s of 32 MiB)
+MIN_COLD_SET = 64 * 1024 * 1024
+#: the most a sweep holds for a while beside the model
+MAX_COLD_SET = 1024 * 1024 * 1024
+
+
+def last_level_cache_bytes() -> int:
+    """This machine's last-level cache in bytes (Linux: glibc's sysconf, then sysfs), or 0
+    when unknown.
+
+    >>> last_level_cache_bytes() >= 0
+    True
+    """
+    for name in ("SC_LEVEL3_CACHE_SIZE", "SC_LEVEL2_CACHE_SIZE"):
+        with contextlib.suppress(ValueError, OSError, AttributeError):
+            size = os.sysconf(name)
+            if size and size > 0:
+                return int(size)
+    sizes = []
+    for index in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        with contextlib.suppress(OSError, ValueError):
+            text = open(index).read().strip().upper()
+            scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * scale)
+    return max(sizes, default=0)
+
+
+def cold_set_bytes(llc: int | None = None) -> int:
+    """How many bytes of operand copies a kernel cycles through to be timed cold: the
+    last-level cache, within [`MIN_COLD_SET`, `MAX_COLD_SET`] and at most an eighth of the
+    memory. A fixed 64 MiB was not enough on a machine with a 480 MiB L3: a 2048x640
+    float32 GEMV cycling over 64 MiB of copies took 97 µs, over 128 / 256 / 480 / 1536 MiB
+    132 / 157 / 172 / 175 µs (as decode streams it), so the sweep saw int8 weights (~110 µs
+    either way) gain nothing.
+
+    >>> MIN_COLD_SET <= cold_set_bytes(llc=480 << 20) <= MAX_COLD_SET
+    True
+    """
+    llc = last_level_cache_bytes() if llc is None else llc
+    size = min(max(MIN_COLD_SET, llc), MAX_COLD_SET)
+    memory = _memory_bytes()
+    return max(MIN_COLD_SET, min(size, memory // 8)) if memory else size
+
+
+def _memory_bytes() -> int:
+    with contextlib.suppress(ValueError, OSError, AttributeError):
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return 0
+
+
 #: ... by cycling through copies of the inputs that together exceed the last-level cache
-COLD_SET = 64 * 1024 * 1024
-MAX_COPIES = 256
+COLD_SET = cold_set_bytes()
+#: copies of a small operand set (256 KiB x 4096 = 1 GiB); float32 ones are views of one
+#: block (`_Arena`), the others are copied once per equation and kernel
+MAX_COPIES = 4096
 
 
-def _cold_copies(args: tuple, backend, arena: dict | None = None) -> list | None:
+def _cold_copies(args: tuple, backend, arena: dict | None = None,
+                 held: frozenset = frozenset()) -> list | None:
     """Copies of `args` (the first is `args`) that together exceed the last-level cache,
-    or None when `args` are small. With `arena` (a dict a sweep shares), float32 operands
-    are not copied but taken from one block of random numbers drawn once (`_Arena`):
-    copying them was 1.4 s of an 18-layer prefill's 11 s kernel sweep. Only the first
-    copy's results are checked; the others are read, for time."""
+    or None when `args` are small. With `arena` (a dict a sweep shares), floating operands,
+    and the operands at the indices `held` (weights the kernel holds as int8 or bfloat16
+    bits, whose values matter for time only) are not copied but viewed in one block of
+    random numbers (`_Arena`): copying them was 1.4 s of an 18-layer prefill's 11 s kernel
+    sweep, and 11 s of an 18-layer decode's explore once the set spanned 960 MiB. Others
+    (indices) are copied, values and all. Only the first copy's results are checked; the
+    others are read, for time."""
     nbytes = sum(_nbytes(a) for a in args)
     if nbytes < COLD_BYTES:
         return None
@@ -465,30 +524,51 @@ def _cold_copies(args: tuple, backend, arena: dict | None = None) -> list | None
     if arena is not None:
         block = arena.get("block") or arena.setdefault("block", _Arena(COLD_SET))
         block.rewind()
-    return [args] + [tuple(_copy(a, backend, block) for a in args) for _ in range(n - 1)]
+    return [args] + [tuple(_copy(a, backend, block, i in held) for i, a in enumerate(args))
+                     for _ in range(n - 1)]
 
 
 class _Arena:
-    """`nbytes` of N(0, 1) float32 numbers (the distribution of `random_inputs`), handed out
-    as disjoint aligned arrays, from the start again after each `rewind`."""
+    """`nbytes` of random numbers handed out as disjoint aligned arrays of any floating
+    dtype, or of int8/uint16 for held weights, from the start again after each `rewind`.
+    Each 32-bit word is two bfloat16 numbers drawn N(0, 1) (the distribution of
+    `random_inputs`): as float32 the first, with the second as low mantissa bits; as
+    bfloat16 bits, float16 or int8, finite normal numbers (no denormal or NaN slows a
+    kernel down). The block is written as it is handed out, a 1 MiB draw repeated (drawing
+    1 GiB took seconds; copies past the first are read for time only), so a sweep of
+    small operands does not pay for a large cache's block."""
+
+    SEED_WORDS = 1 << 18
 
     def __init__(self, nbytes: int):
         # room for `MAX_COPIES` alignment gaps per operand of a few
-        n = (nbytes + 4 * MAX_COPIES * ALIGNMENT) // 4
-        self.values = np.random.default_rng(0).standard_normal(n, dtype=np.float32)
+        self.bytes = np.empty(nbytes + 4 * MAX_COPIES * ALIGNMENT, dtype=np.uint8)
+        halves = np.random.default_rng(0).standard_normal(2 * self.SEED_WORDS,
+                                                          dtype=np.float32)
+        bf16 = halves.astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint32)
+        self.seed = ((bf16[0::2] << 16) | bf16[1::2]).view(np.uint8)
+        self.filled = 0
         self.at = 0
 
     def rewind(self) -> None:
-        self.at = -self.values.ctypes.data % ALIGNMENT // 4
+        self.at = -self.bytes.ctypes.data % ALIGNMENT
 
-    def take(self, shape: tuple) -> np.ndarray | None:
-        """A float32 array of `shape` from the block, or None when the block is used up."""
-        n = math.prod(shape)
-        if self.at + n > self.values.size:
+    def take(self, shape: tuple, dtype) -> np.ndarray | None:
+        """An array of `shape` and `dtype` from the block, or None when it is used up."""
+        dtype = np.dtype(dtype)
+        n = math.prod(shape) * dtype.itemsize
+        if self.at + n > self.bytes.size:
             return None
-        x = self.values[self.at:self.at + n].reshape(shape)
-        self.at += n + (-n % (ALIGNMENT // 4))
+        self._fill(self.at + n)
+        x = self.bytes[self.at:self.at + n].view(dtype).reshape(shape)
+        self.at += n + (-n % ALIGNMENT)
         return x
+
+    def _fill(self, end: int) -> None:
+        while self.filled < end:
+            k = min(self.seed.size, self.bytes.size - self.filled)
+            self.bytes[self.filled:self.filled + k] = self.seed[:k]
+            self.filled += k
 
 
 def _cold(fn, copies: list | None):
@@ -517,16 +597,38 @@ def _nbytes(x) -> int:
     return int(getattr(x, "nbytes", 0) or 0)
 
 
-def _copy(x, backend, arena: _Arena | None = None):
+def _copy(x, backend, arena: _Arena | None = None, held: bool = False):
     if isinstance(x, tuple):  # a prepared operand (int8 values and their scales)
-        return tuple(_copy(a, backend, arena) for a in x)
-    if arena is not None and str(getattr(x, "dtype", "")).endswith("float32"):
-        view = arena.take(tuple(x.shape))
+        return tuple(_copy(a, backend, arena, held) for a in x)
+    dtype = getattr(x, "dtype", None)
+    if arena is not None and _arena_dtype(dtype, held):
+        view = arena.take(tuple(x.shape), _host_dtype(dtype))
         if view is not None:
             return backend.convert(view)
     if isinstance(x, np.ndarray):
         return x.copy()
     return backend.convert(np.array(backend.to_host(x), copy=True))
+
+
+def _host_dtype(dtype) -> np.dtype | None:
+    """The NumPy dtype of an array of any backend (None when there is none)."""
+    name = str(dtype).rsplit(".", 1)[-1]
+    if name == "bfloat16":
+        return np.dtype(ml_dtypes.bfloat16)
+    try:
+        return np.dtype(name)
+    except TypeError:
+        return None
+
+
+def _arena_dtype(dtype, held: bool) -> bool:
+    """Whether an operand of `dtype` may be viewed in the arena: floating ones, and int8 /
+    uint16 (bfloat16 bits) ones a kernel holds (never indices, which must stay in range)."""
+    host = _host_dtype(dtype)
+    if host is None:
+        return False
+    return host.kind == "f" or host == np.dtype(ml_dtypes.bfloat16) or (
+        held and host in (np.dtype(np.int8), np.dtype(np.uint16)))
 
 
 def reduction_atol(eqn: Any, args: list, out_shape: tuple, dtype: Any) -> float | None:
