@@ -285,7 +285,7 @@ class SwitchCosts(CostModel):
             return Estimate(0.0, "cost model")
         return self.planted.transfer(aval, src, dst, dims)
 
-    def switch(self, src, dst):
+    def switch(self, src, dst, eqn=None, kernel=None, pool=None):
         return 0.0 if src == dst else self.scale * self.planted._t("switch", src, dst)
 
 
@@ -346,7 +346,7 @@ def test_switch_penalties_steer_ranking_to_one_backend():
             return Estimate(cheap if kernel.backend == "numpy" and eqn.primitive.name == "exp"
                             else 2e-6 if kernel.backend == "torch" else 9e-6, "cost model")
 
-        def switch(self, src, dst):
+        def switch(self, src, dst, eqn=None, kernel=None, pool=None):
             return 0.0 if src == dst else 1e-3
 
         def transfer(self, aval, src, dst, dims):

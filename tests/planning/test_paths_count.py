@@ -29,7 +29,7 @@ class SwitchCosts(PlantedCosts):
     """With backend-switch penalties: they change costs (and the ranking's signature), never
     which plans exist."""
 
-    def switch(self, src, dst):
+    def switch(self, src, dst, eqn=None, kernel=None, pool=None):
         return 3e-6
 
 

@@ -27,7 +27,7 @@ class Planted(CostModel):
     def transfer(self, aval, src, dst, dims):
         return Estimate(0.0 if src == dst else self.tr[(src, dst)], "cost model")
 
-    def switch(self, src, dst):  # a planted penalty for running right after another backend
+    def switch(self, src, dst, eqn=None, kernel=None, pool=None):  # planted: after another backend
         return 0.0 if src == dst else self.tr[(src, dst)] / 3
 
 
@@ -88,6 +88,60 @@ def test_fallback_dp_with_local_improvement_is_a_valid_plan(n, cs, ts):
         mp.setattr(sel, "MAX_STATES", 0)  # too wide for the exact DP: DP + local improvement
         fallback = select(g, BACKENDS, cm, {}).total
     assert fallback >= select_brute_force(g, BACKENDS, cm, {}).total - 1e-12
+
+
+class Pooled(Planted):
+    """Planted kernel and transfer times, the real switch penalties (`CostModel.switch`:
+    a pool woken after another backend's, `Backend.wakes_pool`)."""
+
+    switch = CostModel.switch
+
+    def __init__(self, planted_by: Planted):
+        CostModel.__init__(self)
+        self.planted, self.tr, self.pos = planted_by.costs, planted_by.tr, planted_by.pos
+
+    def kernel(self, eqn, kernel, dims):  # inside a decomposition: a fixed time
+        at = self.pos.get(id(eqn))
+        return Estimate(1e-3 if at is None else self.planted[(at, kernel.backend)],
+                        "measured", "planted")
+
+
+def products_and_ufuncs(n):
+    def f(x):
+        for i in range(n):
+            x = x @ x if i % 2 == 0 else tnp.tanh(x)
+        return x
+    return tgx.make_graph(f)(tgx.Spec((8, 8)))
+
+
+@given(n=st.integers(2, 6), cs=st.lists(st.floats(1e-5, 1e-2), min_size=40, max_size=40),
+       ts=st.lists(st.floats(0.0, 1e-3), min_size=6, max_size=6))
+def test_dp_matches_brute_force_with_the_pools_a_plan_wakes(n, cs, ts):
+    """The DP carries the pool the last pool-waking equation left (torch's workers still
+    spin through NumPy ufuncs up to the next BLAS call): its plan costs what trying every
+    plan finds cheapest."""
+    g = products_and_ufuncs(n)
+    cm = Pooled(planted(g, cs, ts))
+    assert select(g, BACKENDS, cm, {}).total == pytest.approx(
+        select_brute_force(g, BACKENDS, cm, {}).total)
+
+
+def test_a_numpy_blas_call_after_torch_pays_the_switch_through_the_ufuncs_between():
+    """torch's OpenMP workers spin on after its GEMM: a NumPy ufunc or numba loop right
+    after it pays a little (`switch_in_light`, 1-33 µs measured), the next NumPy BLAS
+    product, however many ufuncs later, the full contention (`switch_in`, ~7 ms)."""
+    from tgx.backends import get_backend
+    from tgx.planning.selection import _Selector
+
+    g = products_and_ufuncs(4)              # matmul, tanh, matmul, tanh
+    cm = CostModel(None)
+    s = _Selector(["numpy", "torch"], cm, {})
+    s.prepare(g, "numpy", 0)
+    numpy = get_backend("numpy")
+    heavy, light = numpy.switch_in["torch"], numpy.switch_in_light["torch"]
+    assert s.S(["torch", "numpy", "numpy", "numpy"], range(4)) == pytest.approx(heavy + light)
+    assert s.S(["torch", "numpy", "torch", "numpy"], range(4)) == pytest.approx(2 * light)
+    assert s.S(["numpy"] * 4, range(4)) == 0.0
 
 
 def test_select_reports_sources_and_total():

@@ -54,6 +54,9 @@ class Backend:
     transfer_in: Mapping[str, tuple[float, float | None]] = {}
     #: thread-pool contention (s) when work moves to this backend right after `src`'s
     switch_in: Mapping[str, float] = {}
+    #: ... when the equation that follows does not wake the pool `switch_in` prices
+    #: (`wakes_pool`)
+    switch_in_light: Mapping[str, float] = {}
     #: primitive name → `fn(buffer, update, *index)` writing an update into a state buffer
     #: in place (`tgx.compile(state=)`); empty where arrays are immutable
     inplace: Mapping[str, Callable] = {}
@@ -79,6 +82,12 @@ class Backend:
         return False
 
     # -- arrays ---------------------------------------------------------------------------------
+    def wakes_pool(self, eqn, kernel=None) -> bool:
+        """Whether `eqn` run by `kernel` (None: a decomposition) wakes the thread pool that
+        `switch_in` prices, so that it pays `switch_in` after another backend's work, and
+        `switch_in_light` otherwise. Every equation here; NumPy's BLAS products only."""
+        return True
+
     def is_array(self, x: Any) -> bool:
         """Whether `x` is an array of this backend's format."""
         return False

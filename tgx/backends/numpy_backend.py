@@ -200,6 +200,9 @@ def numpy_dynamic_update_slice_inplace(x, update, *idx):
     return x
 
 
+#: primitives NumPy's library kernels compute with BLAS (OpenBLAS's thread pool)
+BLAS_PRODUCTS = frozenset({"dot_general", "linear", "matmul", "scaled_dot_product_attention"})
+
 class NumpyBackend(Backend):
     """NumPy: the host format; zero-copy views into tgx's workspace."""
 
@@ -215,7 +218,25 @@ class NumpyBackend(Backend):
     # torch's OpenMP workers keep spinning after an op: a multi-threaded NumPy BLAS call
     # right after one ran ~8 ms slower (a 256x256 matmul after a torch add, minus both alone).
     switch_in = {"torch": 7.8e-3}
+    # ... where OpenBLAS's pool stays asleep (an elementwise ufunc, a numba loop): 1-2 µs
+    # after a 64x128x256 torch GEMM alone, 16-33 µs after a 128x640x2048 one; in a plan
+    # ~10 µs per switch, both ways (the demo's torch GEMMs between numba loops ran 2.5x
+    # their time alone: 773 µs against 512 predicted with 2 µs; 2026-11-27, AMX Xeon).
+    # Priced at 7.8 ms, torch's GEMMs and tgx's numba kernels were never in one plan
+    switch_in_light = {"torch": 1.0e-5}
     inplace = {"dynamic_update_slice": numpy_dynamic_update_slice_inplace}
+
+    def wakes_pool(self, eqn, kernel=None) -> bool:
+        """A BLAS product run by NumPy (OpenBLAS's threads), not by a kernel on a pool of
+        its own (numba's).
+
+        >>> import tgx
+        >>> g = tgx.make_graph(lambda x: (x @ x) + 1.0)(tgx.Spec((4, 4)))
+        >>> [NumpyBackend().wakes_pool(e) for e in g.eqns]
+        [True, False]
+        """
+        return eqn.primitive.name in BLAS_PRODUCTS and not (kernel is not None
+                                                              and kernel.own_pool)
 
     def is_array(self, x) -> bool:
         return isinstance(x, np.ndarray)

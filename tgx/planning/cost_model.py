@@ -339,16 +339,37 @@ class CostModel:
         return Estimate(transfer_seconds(aval, src, dst, dims), "cost model",
                         f"{src}→{dst} transfer")
 
-    def switch(self, src: str, dst: str) -> float:
+    def switch(self, src: str, dst: str, eqn=None, kernel=None, pool: str | None = None
+               ) -> float:
         """Extra time when an equation on `dst` runs right after one on `src`: thread-pool
-        contention (`dst`'s `switch_in[src]`, or the calibrated figure), plus, entering a
-        backend that fuses regions (jax), the dispatch of the one call the following
-        equations share (see `kernel`)."""
-        if src == dst:
-            return 0.0
+        contention, plus, entering a backend that fuses regions (jax), the dispatch of the
+        one call the following equations share (see `kernel`).
+
+        Without `eqn`: `dst`'s `switch_in[src]` (or the calibrated figure). With the next
+        equation `eqn`, run by `kernel`: where it wakes `dst`'s pool (`Backend.wakes_pool`)
+        it pays `switch_in` from `pool`, the backend of the last equation that woke a pool
+        (default `src`): torch's workers still spin through the NumPy ufuncs and numba loops
+        between a torch GEMM and a NumPy BLAS call; where it does not, `switch_in_light`
+        from `src`.
+
+        >>> cm = CostModel(None)
+        >>> import tgx
+        >>> mm, add = tgx.make_graph(lambda x: (x @ x) + 1.0)(tgx.Spec((4, 4))).eqns
+        >>> [cm.switch("torch", "numpy", add), cm.switch("numpy", "numpy", mm, pool="torch")]
+        [1e-05, 0.0078]
+        """
         b = get_backend(dst)
-        enter = self.costs(dst)[0] if b.fuses_regions else 0.0
+        enter = self.costs(dst)[0] if b.fuses_regions and src != dst else 0.0
+        if eqn is not None and not b.wakes_pool(eqn, kernel):
+            return (b.switch_in_light.get(src, 0.0) if src != dst else 0.0) + enter
+        src = src if pool is None else pool
+        if src == dst:
+            return enter
         return self.switch_penalty.get((src, dst), b.switch_in.get(src, 0.0)) + enter
+
+    def wakes(self, dst: str, eqn, kernel=None) -> bool:
+        """Whether `eqn` run by `kernel` on `dst` wakes a thread pool (`switch`)."""
+        return get_backend(dst).wakes_pool(eqn, kernel)
 
     def excluded(self, eqn, kernel, dims) -> str | None:
         """Why `tolerance` rules `kernel` out for `eqn` (measured error too large), else None.

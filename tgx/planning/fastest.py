@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 
 from ..backends import check_backends, host_name
+from ..backends.numpy_backend import BLAS_PRODUCTS as _BLAS_PRODUCTS
 from ..core import Graph
 from ..errors import TgxError
 from ..profiling.pending import Unencodable, describe_equation
@@ -84,7 +85,7 @@ def fastest_assignment(graph: Graph, options: PlanOptions, store, *,
 
 #: primitives NumPy's library kernels compute with BLAS: a plan holding a kernel on a thread
 #: pool of its own runs them on one thread (`CompiledGraph.blas_threads`)
-BLAS_PRODUCTS = frozenset({"dot_general", "linear", "matmul", "scaled_dot_product_attention"})
+BLAS_PRODUCTS = _BLAS_PRODUCTS
 
 
 def blas_capped_s(a: Assignment, threads: int | None = None) -> float:

@@ -258,6 +258,8 @@ class _Selector:
             for v in e.outvars:
                 self.aval[v.id] = v.aval
         self._t: dict = {}
+        self.wakes = [{b: self.cm.wakes(b, e, ch.kernel) for b, ch in o.items()}
+                      for e, o in zip(graph.eqns, self.opts)]
 
     def T(self, vid, src, dst, output: bool = False) -> float:
         """Transfer time of value `vid` from backend `src` to `dst`."""
@@ -271,11 +273,37 @@ class _Selector:
 
     def S(self, a, idxs) -> float:
         """Switch penalties between consecutive equations k-1, k for k in `idxs` (the
-        schedule keeps the equation order). A compiled function runs in a loop, so the
-        last equation precedes the first (k = 0 wraps around)."""
+        schedule keeps the equation order), each after the pool the last pool-waking
+        equation before k left (`CostModel.switch`). A compiled function runs in a loop, so
+        the last equation precedes the first (k = 0 wraps around)."""
         n = len(a)
-        return sum(self.cm.switch(a[k - 1], a[k]) for k in dict.fromkeys(i % n for i in idxs)
-                   if n > 1)
+        if n <= 1:
+            return 0.0
+        return sum(self.switch_into(a, k) for k in dict.fromkeys(i % n for i in idxs))
+
+    def switch_into(self, a, k: int) -> float:
+        """The switch penalty of running equation k on `a[k]` (its choice there) after
+        equation k-1 of `a`."""
+        n = len(a)
+        return self.cm.switch(a[k - 1], a[k], self.graph.eqns[k], self.opts[k][a[k]].kernel,
+                              pool=self.pool_before(a, k))
+
+    def pool_before(self, a, k: int) -> str | None:
+        """The backend of the last equation before k (wrapping around) that wakes a pool."""
+        n = len(a)
+        for j in range(k - 1, k - 1 - n, -1):
+            if self.wakes[j % n][a[j % n]]:
+                return a[j % n]
+        return None
+
+    def next_waking(self, a, i: int) -> int:
+        """The first equation after i (wrapping around) that wakes a pool: its penalty
+        depends on where i runs (`pool_before`)."""
+        n = len(a)
+        for j in range(i + 1, i + 1 + n):
+            if self.wakes[j % n][a[j % n]]:
+                return j
+        return i + 1
 
     def out_cost(self, vid, src, dsts) -> float:
         """A graph output's copy to the host, unless a consumer there already made it."""
@@ -342,17 +370,18 @@ class _Selector:
         start = tuple(sorted((v.id, self.home, frozenset())
                              for v in (*self.graph.invars, *self.graph.constvars)
                              if v.id in last))
-        # state: (backend of the first equation, of the previous one, live values)
-        states: dict[tuple, tuple[float, tuple]] = {(None, None, start): (0.0, ())}
+        # state: (backend of the first equation, of the previous one, of the last one that
+        # woke a pool, live values)
+        states: dict[tuple, tuple[float, tuple]] = {(None, None, None, start): (0.0, ())}
         for i, e in enumerate(eqns):
             ins = list(dict.fromkeys(x.id for x in e.invars if not isinstance(x, Literal)))
             nxt: dict[tuple, tuple[float, tuple]] = {}
-            for (first, prev, key), (cost, path) in states.items():
+            for (first, prev, pool, key), (cost, path) in states.items():
                 live = {vid: (h, c) for vid, h, c in key}
                 for b, ch in self.opts[i].items():
                     c2 = cost + ch.estimate.seconds
                     if prev is not None:
-                        c2 += self.cm.switch(prev, b)
+                        c2 += self.cm.switch(prev, b, e, ch.kernel, pool=pool)
                     new = dict(live)
                     for vid in ins:
                         h, copied = new[vid]
@@ -365,7 +394,7 @@ class _Selector:
                     for vid in ins:
                         if last[vid] == i:
                             del new[vid]
-                    k2 = (b if first is None else first, b,
+                    k2 = (b if first is None else first, b, b if self.wakes[i][b] else pool,
                           tuple(sorted((vid, h, c) for vid, (h, c) in new.items())))
                     old = nxt.get(k2)
                     if old is None or c2 < old[0]:
@@ -374,9 +403,10 @@ class _Selector:
                             return None
             states = nxt
         best, best_path = float("inf"), None
-        for (first, prev, key), (cost, path) in states.items():
-            if len(eqns) > 1:
-                cost += self.cm.switch(prev, first)  # the next call's first equation
+        for (first, prev, pool, key), (cost, path) in states.items():
+            if len(eqns) > 1:  # the next call's first equation
+                cost += self.cm.switch(prev, first, eqns[0], self.opts[0][first].kernel,
+                                       pool=pool)
             for vid, h, copied in key:
                 if vid in self.outs and h != self.home and self.home not in copied:
                     cost += self.T(vid, h, self.home, output=True)
@@ -396,7 +426,7 @@ class _Selector:
                     a[i] = b
                     return self.opts[i][b].estimate.seconds + sum(
                         self.value_cost(v, a) for v in dict.fromkeys(touched)) + \
-                        self.S(a, (i, i + 1))
+                        self.S(a, (i, i + 1, self.next_waking(a, i)))
                 cur = a[i]
                 base = local(cur)
                 best_b, best_c = cur, base
@@ -431,7 +461,8 @@ class _Selector:
                         return (self.opts[i][bi].estimate.seconds
                                 + self.opts[j][bj].estimate.seconds
                                 + sum(self.value_cost(t, a) for t in touched)
-                                + self.S(a, (i, i + 1, j, j + 1)))
+                                + self.S(a, (i, i + 1, j, j + 1, self.next_waking(a, i),
+                                             self.next_waking(a, j))))
                     cur = (a[i], a[j])
                     best, best_c = cur, local(*cur)
                     for b in self.opts[i]:
@@ -449,7 +480,8 @@ class _Selector:
         saved = getattr(self, "graph", None), getattr(self, "home", None), \
             getattr(self, "opts", None), getattr(self, "producer", None), \
             getattr(self, "consumers", None), getattr(self, "outs", None), \
-            getattr(self, "aval", None), getattr(self, "_t", None)
+            getattr(self, "aval", None), getattr(self, "_t", None), \
+            getattr(self, "wakes", None)
         self.prepare(graph, home, depth)
         try:
             if brute:
@@ -466,7 +498,7 @@ class _Selector:
                              dict(self.dims), tuple(self.backends))
         finally:
             (self.graph, self.home, self.opts, self.producer, self.consumers, self.outs,
-             self.aval, self._t) = saved
+             self.aval, self._t, self.wakes) = saved
 
 
 def select(graph: Graph, backends, cost_model: CostModel, dims: dict,
