@@ -81,6 +81,22 @@ def test_int8_gemv_computes_with_the_quantized_weights(case):
     _close(nk.linear_int8(x, (q, scale), *([b] if bias else [])), want, k)
 
 
+def test_held_weights_that_are_views_give_the_same_products():
+    """The lower-precision loops read their weights flat (to prefetch rows ahead): a held
+    weight that is a strided view computes what its contiguous copy does."""
+    rng = np.random.default_rng(3)
+    x, w = _rand(rng, 2, 40), _rand(rng, 70, 80)[:, ::2]   # (70, 40) views
+    q, scale = nk.to_int8(np.ascontiguousarray(w))
+    strided = np.zeros((70, 80), np.int8)
+    strided[:, ::2] = q
+    np.testing.assert_array_equal(nk.linear_int8(x, (strided[:, ::2], scale)),
+                                  nk.linear_int8(x, (q, scale)))
+    wide = np.zeros((70, 80), np.uint16)
+    wide[:, ::2] = nk.to_bf16_bits(np.ascontiguousarray(w))
+    np.testing.assert_array_equal(nk.linear_bf16(x, wide[:, ::2]),
+                                  nk.linear_bf16(x, nk.to_bf16_bits(np.ascontiguousarray(w))))
+
+
 def test_int8_of_a_zero_row_is_zero():
     q, scale = nk.to_int8(np.zeros((2, 5), np.float32))
     assert not q.any() and np.all(scale == 1)
