@@ -19,6 +19,7 @@ DEFERRED = {
     "safetensors": "only `tgx.io` reads and writes weights; its torch part needs torch",
     "threadpoolctl": "inspects every loaded BLAS library when imported",
     "numba": "optional and heavy (LLVM): imported when a generated kernel first compiles",
+    "llvmlite": "numba's LLVM binding (see numba): tgx's own intrinsics for its loops",
     "scipy": "0.15 s of `import tgx`: only NumPy references of a few ops (erf, expit) use it",
     "ray": "optional (the fleet extra) and ~0.3 s: only `tgx profile --ray` uses it",
     "triton": "optional (the triton extra) and ~1 s: imported when a Triton kernel loads",

@@ -35,6 +35,7 @@ import importlib.util
 import ml_dtypes
 import numpy as np
 
+from .numba_intrinsics import prefetch as make_prefetch
 from .registry import Prepare, register_kernel
 
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
@@ -62,7 +63,7 @@ def _jit(fn, parallel: bool = True):
             global numba, prefetch
             import numba
 
-            from .numba_intrinsics import prefetch
+            prefetch = make_prefetch()
 
             # error_model="numpy": a division yields inf/nan as in NumPy, where numba's
             # default checks for zero and raises, a branch that stops LLVM vectorizing the
