@@ -130,6 +130,12 @@ def check_tolerance(graph: Graph, tolerance: float | None) -> None:
                                f"(unit roundoff {eps:.3g}), first at {e}")
 
 
+#: how far local moves look back and ahead for the equation that last woke, or next wakes, a
+#: thread pool (`_Selector.pool_before`): looking through the whole graph for each move made
+#: an 18-layer prefill's selection 4x slower
+POOL_WINDOW = 64
+
+
 class _Selector:
     def __init__(self, backends, cm: CostModel, dims, free=(), patterns: bool = False,
                  fuse: bool = False):
@@ -283,27 +289,45 @@ class _Selector:
 
     def switch_into(self, a, k: int) -> float:
         """The switch penalty of running equation k on `a[k]` (its choice there) after
-        equation k-1 of `a`."""
-        n = len(a)
-        return self.cm.switch(a[k - 1], a[k], self.graph.eqns[k], self.opts[k][a[k]].kernel,
-                              pool=self.pool_before(a, k))
+        equation k-1 of `a` (the pool looked up only where k wakes one: `CostModel.switch`)."""
+        b = a[k]
+        pool = self.pool_before(a, k) if self.wakes[k][b] else None
+        return self.cm.switch(a[k - 1], b, self.graph.eqns[k], self.opts[k][b].kernel,
+                              pool=pool)
 
     def pool_before(self, a, k: int) -> str | None:
-        """The backend of the last equation before k (wrapping around) that wakes a pool."""
+        """The backend of the last equation before k (wrapping around) that wakes a pool,
+        looked for `POOL_WINDOW` equations back (None: not found; the previous equation's
+        backend then stands for it)."""
         n = len(a)
-        for j in range(k - 1, k - 1 - n, -1):
+        for j in range(k - 1, k - 1 - min(n, POOL_WINDOW), -1):
             if self.wakes[j % n][a[j % n]]:
                 return a[j % n]
         return None
 
     def next_waking(self, a, i: int) -> int:
-        """The first equation after i (wrapping around) that wakes a pool: its penalty
-        depends on where i runs (`pool_before`)."""
+        """The first equation after i (wrapping around, within `POOL_WINDOW`) that wakes a
+        pool: its penalty depends on where i runs (`pool_before`)."""
         n = len(a)
-        for j in range(i + 1, i + 1 + n):
+        for j in range(i + 1, i + 1 + min(n, POOL_WINDOW)):
             if self.wakes[j % n][a[j % n]]:
                 return j
         return i + 1
+
+    def switches(self, a) -> float:
+        """Every switch penalty of `a`, in one pass carrying the pool the last pool-waking
+        equation left (`S` over every equation, without looking back for each)."""
+        n = len(a)
+        if n <= 1:
+            return 0.0
+        pool = next((a[j] for j in range(n - 1, -1, -1) if self.wakes[j][a[j]]), None)
+        total = 0.0
+        for k in range(n):
+            total += self.cm.switch(a[k - 1], a[k], self.graph.eqns[k],
+                                    self.opts[k][a[k]].kernel, pool=pool)
+            if self.wakes[k][a[k]]:
+                pool = a[k]
+        return total
 
     def out_cost(self, vid, src, dsts) -> float:
         """A graph output's copy to the host, unless a consumer there already made it."""
@@ -322,7 +346,7 @@ class _Selector:
 
     def total(self, a) -> tuple[float, float]:
         k = sum(self.opts[i][b].estimate.seconds for i, b in enumerate(a))
-        t = sum(self.value_cost(v, a) for v in self.values()) + self.S(a, range(len(a)))
+        t = sum(self.value_cost(v, a) for v in self.values()) + self.switches(a)
         return k + t, t
 
     # -- DP, backtrack, local improvement --------------------------------------------------
