@@ -54,6 +54,7 @@ from .planning.options import PlanOptions
 from .planning.recipes import (assignment_digest, measured_plans, measured_with_more_backends,
                                traced_key)
 from .planning.regions import fuse_regions
+from .serialize import SerializationError
 from .shapes import hint_binding
 from .store import open_for_planning
 from .transforms.simplify import simplify
@@ -120,8 +121,10 @@ def measured_as_traced(graph: Graph, options: PlanOptions, backends,
     if not found:  # fewer backends than were explored: the plans measured on these alone
         found = measured_with_more_backends(graph, backends, store, dims, options)
     tag = None if options.tolerance is None else tolerance_tag(options.tolerance)
-    if tag is not None and not any(m.label.endswith(tag) for m in found):
-        return None   # not raced under this tolerance: the stages build the selection
+    if tag is not None and not any(m.label.endswith(tag) and _loads(m) for m in found):
+        # not raced under this tolerance, or what was raced holds a kernel changed since (an
+        # upgrade of tgx): the stages build the selection, which races it again
+        return None
     if tag is None:  # no lossy plan (the cost model, ~9 ms to load, is not needed)
         hit = first_admitted(found, None, dims, keep=lambda m, a: not a.lossy)
     else:  # a lossy plan measured under another tolerance passed another check: left out
@@ -131,6 +134,15 @@ def measured_as_traced(graph: Graph, options: PlanOptions, backends,
         return None
     a = hit[1]
     return a.replace(by=f"fastest ({a.by}; found from the traced graph)")
+
+
+def _loads(m) -> bool:
+    """Whether a measured plan's assignment still loads (its kernels are this process's)."""
+    try:
+        m.assignment()
+    except SerializationError:
+        return False
+    return True
 
 
 def graph_stages(graph: Graph, options: PlanOptions) -> list[tuple[str, Graph]]:

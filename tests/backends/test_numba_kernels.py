@@ -420,6 +420,37 @@ def test_once_raced_under_a_tolerance_a_compile_skips_the_stages(tmp_path, weigh
     assert staged and races == [1]
 
 
+def test_a_raced_lossy_plan_whose_kernel_changed_is_planned_again(tmp_path, weights,
+                                                                   monkeypatch):
+    """After an upgrade changed the lossy kernel, the plan raced under the tolerance no
+    longer loads: the compile plans through the stages again instead of taking the fastest
+    plan that still loads (the float32 one) from the graph as traced."""
+    import tgx.pipeline
+    import tgx.planning.assignment as assignment
+    from tgx.serialize import SerializationError
+
+    races, store, _ = _int8_beside_a_planted_plan(tmp_path, weights, monkeypatch, 1.0)
+    w, x = weights
+    _compile(store, tolerance=5e-2)(w, x)
+    assert races == [1]
+    real_find = assignment._find_kernel
+
+    def changed(name, variant, source_hash, **kw):
+        if "int8" in variant:
+            raise SerializationError(f"kernel {name}[{variant}] changed since the plan was "
+                                     "stored")
+        return real_find(name, variant, source_hash, **kw)
+
+    monkeypatch.setattr(assignment, "_find_kernel", changed)
+    staged = []
+    real = tgx.pipeline.graph_stages
+    monkeypatch.setattr(tgx.pipeline, "graph_stages",
+                        lambda *a, **kw: staged.append(1) or real(*a, **kw))
+    f = _compile(store, tolerance=5e-2)
+    f(w, x)
+    assert staged and "found from the traced graph" not in f._plans[next(iter(f._plans))].policy
+
+
 def test_a_lossy_selection_failing_its_whole_plan_check_is_not_raced_again(
         tmp_path, weights, monkeypatch):
     """int8 weights (~1e-2 of the scale) miss a 4e-3 tolerance on the whole plan: the race
