@@ -50,7 +50,7 @@ from .planning.fastest import assignment_cost
 from .planning.heuristic import heuristic_assignment
 from .planning.options import PlanOptions, replace
 from .planning.recipes import assignment_digest, graph_keys, measured_plans, record_recipe
-from .planning.selection import realize, select
+from .planning.selection import offered_decomposition, realize, select
 from .precision import path_error
 from .profiling import input_descriptors, measure, profile
 from .profiling.accuracy import to_numpy
@@ -101,8 +101,13 @@ CONFIRM_ROUNDS = 2
 
 # -- kernels -----------------------------------------------------------------------------------
 
-def _all_equations(graph: Graph):
-    """Every equation of `graph` and of its decompositions, recursively (EXPLORE's scope)."""
+def _all_equations(graph: Graph, backends: Sequence[str] = (), patterns: bool = True,
+                   fuse: bool = True):
+    """Every equation of `graph` and of its decompositions, recursively (EXPLORE's scope),
+    the decompositions as the selection solves them: with the pattern kernels and regions
+    they offer on `backends` (`selection.offered_decomposition`). Without those, a pattern found only
+    inside a decomposition was never swept: an 18-layer decode's q/k norm took NumPy's
+    RMSNorm pattern, priced by the cost model at 1.4 µs, which ran 30-45 µs."""
     seen: set = set()
     stack = list(graph.eqns)
     while stack:
@@ -114,16 +119,19 @@ def _all_equations(graph: Graph):
         seen.add(key)
         yield e
         if e.primitive.decomposition is not None:
-            stack.extend(decomposition_graph(e).eqns)
+            stack.extend((offered_decomposition(e, backends, patterns, fuse) if backends
+                          else decomposition_graph(e)).eqns)
 
 
-def unmeasured(graph: Graph, backends, store, cost_model, dims) -> list[tuple]:
+def unmeasured(graph: Graph, backends, store, cost_model, dims, *, patterns: bool = True,
+               fuse: bool = True) -> list[tuple]:
     """(equation, kernel) for every candidate kernel of `graph` and its decompositions that
     the store has no trace of at `dims` on this machine, except those the cost model prices
     without a figure (`priced_by_arithmetic`). Lossy kernels too: a later `tolerance=`
-    compile chooses from these figures."""
+    compile chooses from these figures. `patterns`, `fuse`: what the decompositions offer,
+    as in the plan (`PlanOptions`)."""
     todo = []
-    for e in _all_equations(graph):
+    for e in _all_equations(graph, backends, patterns, fuse):
         ghash, wkey = cost_model.keys(e, dims)
         for b in backends:
             for k in accepted_kernels(e, b):
@@ -135,7 +143,8 @@ def unmeasured(graph: Graph, backends, store, cost_model, dims) -> list[tuple]:
 
 
 def explore_kernels(graph: Graph, backends, store, cost_model, dims, budget_s: float = 0.05, *,
-                    time_limit_s: float | None = None, progress: bool | None = False) -> int:
+                    time_limit_s: float | None = None, progress: bool | None = False,
+                    patterns: bool = True, fuse: bool = True) -> int:
     """Profile every unmeasured candidate kernel at `dims` (random inputs, the NumPy reference
     as golden), for at most `time_limit_s` in all, with a progress bar on stderr when
     `progress`; returns how many were profiled. What the limit leaves out stays unmeasured
@@ -145,7 +154,8 @@ def explore_kernels(graph: Graph, backends, store, cost_model, dims, budget_s: f
     # of another library timed meanwhile competes with them for the cores (a 256x256 torch
     # matmul right after NumPy ones was measured at 8 ms instead of 0.3 ms). Golden results
     # run with BLAS on one thread for the same reason (`tgx.backends.threads.one_blas_thread`).
-    todo = sorted(unmeasured(graph, backends, store, cost_model, dims),
+    todo = sorted(unmeasured(graph, backends, store, cost_model, dims, patterns=patterns,
+                             fuse=fuse),
                   key=lambda ek: ek[1].backend)
     bar = Progress(len(todo), enabled=progress)
     start, n, last = time.monotonic(), 0, None
@@ -447,6 +457,7 @@ def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
 
     cm = CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)
     explore_kernels(graph, backends, store, cm, dims, progress=None,
+                    patterns=options.patterns, fuse=options.fuse,
                     time_limit_s=None if budget is None else budget / 2)
     # with what was just measured
     cm = CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)

@@ -130,6 +130,23 @@ def check_tolerance(graph: Graph, tolerance: float | None) -> None:
                                f"(unit roundoff {eps:.3g}), first at {e}")
 
 
+def offered_decomposition(eqn, backends, patterns: bool = True, fuse: bool = True) -> Graph:
+    """`eqn`'s decomposition graph as the selection solves it: with the pattern kernels and
+    regions it offers on `backends` (`regions.offer_kernels`; a fused region's body gets
+    none again), kept until the kernel registry changes (EXPLORE sweeps the same graphs).
+    """
+    key = (equation_key(eqn), tuple(backends), patterns, fuse, generation())
+    sub = _SUBS.get(key)
+    if sub is None:
+        sub = decomposition_graph(eqn)
+        if eqn.primitive.name != "fused":  # inside a composite, not in a body again
+            sub = offer_kernels(sub, list(backends), patterns=patterns, fuse=fuse)
+        if len(_SUBS) >= MAX_SUBS:
+            _SUBS.clear()
+        _SUBS[key] = sub
+    return sub
+
+
 #: how far local moves look back and ahead for the equation that last woke, or next wakes, a
 #: thread pool (`_Selector.pool_before`): looking through the whole graph for each move made
 #: an 18-layer prefill's selection 4x slower
@@ -209,18 +226,7 @@ class _Selector:
                    and eqn.invars[p.operand].id in self.free for p in kernel.prepare)
 
     def _sub_graph(self, eqn):
-        key = (equation_key(eqn), tuple(self.all_backends), self.patterns, self.fuse,
-               generation())
-        sub = _SUBS.get(key)
-        if sub is None:
-            sub = decomposition_graph(eqn)
-            if eqn.primitive.name != "fused":  # inside a composite, not in a body again
-                sub = offer_kernels(sub, self.all_backends, patterns=self.patterns,
-                                    fuse=self.fuse)
-            if len(_SUBS) >= MAX_SUBS:
-                _SUBS.clear()
-            _SUBS[key] = sub
-        return sub
+        return offered_decomposition(eqn, self.all_backends, self.patterns, self.fuse)
 
     def decomposition_bound(self, eqn, depth: int) -> float:
         """A lower bound on the decomposition's time: each sub-equation at its cheapest, no
