@@ -148,8 +148,8 @@ def offered_decomposition(eqn, backends, patterns: bool = True, fuse: bool = Tru
 
 
 #: how far local moves look back and ahead for the equation that last woke, or next wakes, a
-#: thread pool (`_Selector.pool_before`): looking through the whole graph for each move made
-#: an 18-layer prefill's selection 4x slower
+#: thread pool (`_Selector.pool_before`): looking through the whole graph for each move took
+#: an 18-layer prefill's selections from 2.5 to 5.3 s
 POOL_WINDOW = 64
 
 
