@@ -216,21 +216,26 @@ def test_the_cold_set_spans_the_last_level_cache(monkeypatch, llc_mib, memory_gi
     assert pending.cold_set_bytes(llc=llc_mib << 20) == want_mib << 20
 
 
-def test_the_last_level_cache_is_read_from_the_machine():
-    import os
-
+def test_the_last_level_cache_is_read_from_sysconf_then_sysfs(monkeypatch, tmp_path):
+    """glibc's figure where it has one, else the largest cache sysfs lists, else 0."""
     from tgx.profiling import pending
 
-    llc = pending.last_level_cache_bytes()
-    sysfs = "/sys/devices/system/cpu/cpu0/cache"
-    if not os.path.isdir(sysfs):
-        pytest.skip("no sysfs cache description here")
-    sizes = []
-    for index in os.listdir(sysfs):
-        if index.startswith("index"):
-            text = open(os.path.join(sysfs, index, "size")).read().strip()
-            sizes.append(int(text[:-1]) << {"K": 10, "M": 20}[text[-1]])
-    assert llc in sizes and llc == max(sizes)
+    for i, size in enumerate(["48K", "2048K", "480M"]):
+        (tmp_path / f"index{i}").mkdir()
+        (tmp_path / f"index{i}" / "size").write_text(size + "\n")
+    monkeypatch.setattr(pending.glob, "glob",
+                        lambda pattern: sorted(str(p / "size") for p in tmp_path.iterdir()))
+    monkeypatch.setattr(pending.os, "sysconf", lambda name: 123 << 20)
+    assert pending.last_level_cache_bytes() == 123 << 20
+    monkeypatch.setattr(pending.os, "sysconf", lambda name: 0)      # glibc does not know
+    assert pending.last_level_cache_bytes() == 480 << 20
+
+    def unknown(name):
+        raise ValueError(name)
+    monkeypatch.setattr(pending.os, "sysconf", unknown)
+    assert pending.last_level_cache_bytes() == 480 << 20
+    monkeypatch.setattr(pending.glob, "glob", lambda pattern: [])
+    assert pending.last_level_cache_bytes() == 0
 
 
 def test_a_kernel_job_waits_for_its_backends_copies_of_the_cold_operands(monkeypatch):
