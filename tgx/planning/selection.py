@@ -167,6 +167,7 @@ class _Selector:
         self._decomp: dict = {}
         self._options: dict = {}  # equation key -> options (independent of where inputs live)
         self._bounds: dict = {}   # equation key -> lower bound of its decomposition's time
+        self._switch_memo: dict = {}  # (src, dst, wakes, pool) -> switch penalty
 
     # -- options per equation --------------------------------------------------------------
     def options(self, eqn, depth: int = 0) -> dict[str, Choice]:
@@ -298,8 +299,20 @@ class _Selector:
         equation k-1 of `a` (the pool looked up only where k wakes one: `CostModel.switch`)."""
         b = a[k]
         pool = self.pool_before(a, k) if self.wakes[k][b] else None
-        return self.cm.switch(a[k - 1], b, self.graph.eqns[k], self.opts[k][b].kernel,
-                              pool=pool)
+        return self.switch(a[k - 1], b, k, pool)
+
+    def switch(self, src: str, dst: str, k: int, pool: str | None) -> float:
+        """`CostModel.switch` into equation k's choice on `dst`, remembered by what it
+        depends on (the backends, whether k wakes a pool, and then which pool is awake):
+        an 18-layer prefill's selections priced ~150k switches."""
+        wakes = self.wakes[k][dst]
+        key = (src, dst, wakes, pool if wakes else None)
+        t = self._switch_memo.get(key)
+        if t is None:
+            t = self._switch_memo[key] = self.cm.switch(
+                src, dst, self.graph.eqns[k], self.opts[k][dst].kernel,
+                pool=pool if wakes else None)
+        return t
 
     def pool_before(self, a, k: int) -> str | None:
         """The backend of the last equation before k (wrapping around) that wakes a pool,
@@ -329,8 +342,7 @@ class _Selector:
         pool = next((a[j] for j in range(n - 1, -1, -1) if self.wakes[j][a[j]]), None)
         total = 0.0
         for k in range(n):
-            total += self.cm.switch(a[k - 1], a[k], self.graph.eqns[k],
-                                    self.opts[k][a[k]].kernel, pool=pool)
+            total += self.switch(a[k - 1], a[k], k, pool)
             if self.wakes[k][a[k]]:
                 pool = a[k]
         return total
@@ -411,7 +423,7 @@ class _Selector:
                 for b, ch in self.opts[i].items():
                     c2 = cost + ch.estimate.seconds
                     if prev is not None:
-                        c2 += self.cm.switch(prev, b, e, ch.kernel, pool=pool)
+                        c2 += self.switch(prev, b, i, pool)
                     new = dict(live)
                     for vid in ins:
                         h, copied = new[vid]
@@ -435,8 +447,7 @@ class _Selector:
         best, best_path = float("inf"), None
         for (first, prev, pool, key), (cost, path) in states.items():
             if len(eqns) > 1:  # the next call's first equation
-                cost += self.cm.switch(prev, first, eqns[0], self.opts[0][first].kernel,
-                                       pool=pool)
+                cost += self.switch(prev, first, 0, pool)
             for vid, h, copied in key:
                 if vid in self.outs and h != self.home and self.home not in copied:
                     cost += self.T(vid, h, self.home, output=True)
