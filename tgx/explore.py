@@ -105,9 +105,9 @@ def _all_equations(graph: Graph, backends: Sequence[str] = (), patterns: bool = 
                    fuse: bool = True):
     """Every equation of `graph` and of its decompositions, recursively (EXPLORE's scope),
     the decompositions as the selection solves them: with the pattern kernels and regions
-    they offer on `backends` (`selection.offered_decomposition`). Without those, a pattern found only
-    inside a decomposition was never swept: an 18-layer decode's q/k norm took NumPy's
-    RMSNorm pattern, priced by the cost model at 1.4 µs, which ran 30-45 µs."""
+    they offer on `backends` (`selection.offered_decomposition`). Without those, a pattern
+    found only inside a decomposition was never swept: an 18-layer decode's q/k norm took
+    NumPy's RMSNorm pattern, priced by the cost model at 1.4 µs, which ran 30-45 µs."""
     seen: set = set()
     stack = list(graph.eqns)
     while stack:

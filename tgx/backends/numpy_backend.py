@@ -203,6 +203,7 @@ def numpy_dynamic_update_slice_inplace(x, update, *idx):
 #: primitives NumPy's library kernels compute with BLAS (OpenBLAS's thread pool)
 BLAS_PRODUCTS = frozenset({"dot_general", "linear", "matmul", "scaled_dot_product_attention"})
 
+
 class NumpyBackend(Backend):
     """NumPy: the host format; zero-copy views into tgx's workspace."""
 
