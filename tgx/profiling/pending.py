@@ -499,9 +499,12 @@ def _memory_bytes() -> int:
 
 #: ... by cycling through copies of the inputs that together exceed the last-level cache
 COLD_SET = cold_set_bytes()
-#: copies of a small operand set (256 KiB x 4096 = 1 GiB); float32 ones are views of one
-#: block (`_Arena`), the others are copied once per equation and kernel
-MAX_COPIES = 4096
+#: the most copies of an operand set: sets of at least COLD_SET / 256 (1.9 MiB with a 480
+#: MiB L3: decode's weights) span the cache; smaller ones span less. 4096 copies, to span it
+#: with every set, made 269k conversions (jax's `device_put` each) 7.5 s of an 18-layer
+#: prefill's 40 s explore; float32 operands and held weights are views of one block
+#: (`_Arena`), the others are copied once per equation and kernel
+MAX_COPIES = 256
 
 
 def _cold_copies(args: tuple, backend, arena: dict | None = None,
