@@ -4,8 +4,9 @@ precision) for decoding's products of a few rows, decode's RMSNorm and attention
 Decode is bound by streaming the weights once per token (Gemma-3-270m: ~480 MB of float32
 per step). These kernels run `linear` (y = x @ w.T + b) with few rows of `x` as a parallel
 loop over the output channels, each a dot product LLVM vectorizes:
-- `numba` (float32): faster than NumPy's BLAS GEMV here (measured 10.0 vs 13.9 ms for 60
-  GEMVs of 2048x640 on the 2-core CPU; 31.5 vs 22.6 GB/s);
+- `numba` (float32): faster than NumPy's BLAS GEMV on the 2-core EPYC of 2026-11-23 (10.0
+  vs 13.9 ms for 60 GEMVs of 2048x640; 31.5 vs 22.6 GB/s); as fast on the AMX Xeon of
+  2026-11-27 (both ~21 GB/s);
 - `numba-bf16` (lossy): the weight held in bfloat16 (converted once per bound weight, see
   `Prepare`), widened to float32 in registers: half the bytes (7.1 ms; error ~2e-3 of the
   output's scale);
