@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import os
 
-from ..backends import check_backends, host_name
-from ..backends.numpy_backend import BLAS_PRODUCTS as _BLAS_PRODUCTS
+from ..backends import check_backends, get_backend, host_name
 from ..core import Graph
 from ..errors import TgxError
 from ..profiling.pending import Unencodable, describe_equation
@@ -83,11 +82,6 @@ def fastest_assignment(graph: Graph, options: PlanOptions, store, *,
     return a
 
 
-#: primitives NumPy's library kernels compute with BLAS: a plan holding a kernel on a thread
-#: pool of its own runs them on one thread (`CompiledGraph.blas_threads`)
-BLAS_PRODUCTS = _BLAS_PRODUCTS
-
-
 def blas_capped_s(a: Assignment, threads: int | None = None) -> float:
     """What capping BLAS at one thread adds to `a`'s predicted time when `a` holds a kernel
     on a thread pool of its own (0.0 otherwise): each BLAS product on the host backend, priced
@@ -109,10 +103,11 @@ def _capped_s(steps: list, threads: int | None = None) -> float:
     if not any(k is not None and k.own_pool for _, _, k, _ in steps):
         return 0.0
     n = threads or len(os.sched_getaffinity(0))
-    host = host_name()
+    host = get_backend(host_name())
+    # the products on BLAS's pool, which a plan holding an own-pool kernel runs on one
+    # thread (`CompiledGraph.blas_threads`): what wakes the host's pool (`wakes_pool`)
     return sum(est.seconds * (n - 1) for e, b, k, est in steps
-               if b == host and k is not None and not k.own_pool
-               and e.primitive.name in BLAS_PRODUCTS)
+               if b == host.name and k is not None and host.wakes_pool(e, k))
 
 
 def _steps(sel) -> list:
