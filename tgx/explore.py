@@ -60,7 +60,6 @@ from .serialize import SerializationError, graph_to_bytes
 from .shapes import concrete_shape
 from .store import as_store
 from .tracing import make_graph, tree_flatten
-from .transforms.decompose import decomposition_graph
 from .transforms.evaluate import bind_dims, eval_graph, eval_graph_flat
 
 #: plans slower than this factor of the best after a round get no further passes (per-pass
@@ -101,7 +100,7 @@ CONFIRM_ROUNDS = 2
 
 # -- kernels -----------------------------------------------------------------------------------
 
-def _all_equations(graph: Graph, backends: Sequence[str] = (), patterns: bool = True,
+def _all_equations(graph: Graph, backends: Sequence[str], patterns: bool = True,
                    fuse: bool = True):
     """Every equation of `graph` and of its decompositions, recursively (EXPLORE's scope),
     the decompositions as the selection solves them: with the pattern kernels and regions
@@ -119,8 +118,7 @@ def _all_equations(graph: Graph, backends: Sequence[str] = (), patterns: bool = 
         seen.add(key)
         yield e
         if e.primitive.decomposition is not None:
-            stack.extend((offered_decomposition(e, backends, patterns, fuse) if backends
-                          else decomposition_graph(e)).eqns)
+            stack.extend(offered_decomposition(e, backends, patterns, fuse).eqns)
 
 
 def unmeasured(graph: Graph, backends, store, cost_model, dims, *, patterns: bool = True,
