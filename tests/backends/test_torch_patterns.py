@@ -84,3 +84,95 @@ def test_cuda_kernel_runs_in_a_gpu_plan():
     assert TP.CUDA_CALLS[0] > before
     assert [k.name for k in f.lower(x, h, w).kernels if k.pattern is not None] == \
         ["residual_rms_norm_1p"]
+
+
+# -- Adam's update: torch's fused kernel --------------------------------------------------------
+B1, B2, EPS = 0.9, 0.999, 1e-8
+
+
+def adam_scalars(t: int, lr: float = 1e-3):
+    """nss and bc2 as `tgx.optim.adam` computes them in float32 at count t."""
+    t32 = np.float32(t)
+    nss = np.float32(-(np.float32(lr) / -np.expm1(t32 * np.float32(np.log(B1)))))
+    bc2 = np.sqrt(-np.expm1(t32 * np.float32(np.log(B2))), dtype=np.float32)
+    return nss, bc2
+
+
+def adam64(p, g, m, v, nss, bc2, c1, b2, c2, eps):
+    p, g, m, v = (x.astype(np.float64) for x in (p, g, m, v))
+    m2 = m + float(c1) * (g - m)
+    v2 = v * float(b2) + float(c2) * g * g
+    return p + float(nss) * (m2 / (np.sqrt(v2) / float(bc2) + float(eps))), m2, v2
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=st.lists(st.integers(1, 7), min_size=1, max_size=3).map(tuple),
+       t=st.sampled_from([1, 2, 3, 10, 1000, 30000]), in_place=st.booleans(),
+       adam=st.booleans(), seed=st.integers(0, 2**16))
+def test_adam_update_matches_float64(shape, t, in_place, adam, seed):
+    """The fused kernel (torch's Adam constants) and the fallback (constants no Adam has:
+    b2 + c2 != 1) both compute the pattern, into given buffers or fresh ones."""
+    rng = np.random.default_rng(seed)
+    p, g, m = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
+    v = np.abs(rng.standard_normal(shape)).astype(np.float32) * 1e-2
+    nss, bc2 = adam_scalars(t)
+    consts = [np.float32(x) for x in ((1 - B1, B2, 1 - B2, EPS) if adam else (0.3, 0.5, 0.2, 1e-3))]
+    want = adam64(p, g, m, v, nss, bc2, *consts)
+    tp, tg, tm, tv = (torch.from_numpy(x.copy()) for x in (p, g, m, v))
+    outs = {0: tp, 1: tm, 2: tv} if in_place else None
+    got = TP.adam_update(tp, tg, tm, tv, *map(torch.tensor, (nss, bc2, *consts)), outs=outs)
+    for a, b, name in zip(got, want, "pmv"):
+        np.testing.assert_allclose(a.numpy(), b, rtol=1e-6, atol=1e-6 * np.abs(b).max(),
+                                   err_msg=name)
+    # the update itself (p' - p) to float32's precision of its own size
+    du, dw = got[0].numpy().astype(np.float64) - p, want[0] - p
+    assert np.abs(du - dw).max() <= 1e-5 * np.abs(dw).max() + 1e-7 * np.abs(p).max()
+    assert (got[0] is tp) == in_place and (got[0].data_ptr() == tp.data_ptr()) == in_place
+
+
+def test_fused_adam_args_only_for_adam_constants():
+    nss, bc2 = adam_scalars(5)
+    ok = TP._fused_adam_args(float(nss), float(bc2), *map(float, np.float32(
+        [1 - B1, B2, 1 - B2, EPS])))
+    assert ok is not None and abs(ok["step"] - 5) < 1e-3 and ok["beta1"] == pytest.approx(B1)
+    assert TP._fused_adam_args(float(nss), float(bc2), 0.1, 0.5, 0.2, 1e-8) is None  # b2+c2
+    assert TP._fused_adam_args(float(nss), float(bc2), 1.5, B2, 1 - B2, 1e-8) is None
+
+
+def test_adam_step_on_torch_uses_the_fused_kernel_and_matches_torch_optim():
+    """A compiled Adam step on torch runs one `adam_update` per parameter, written into the
+    caller's state arrays, and follows `torch.optim.Adam` step for step."""
+    from tgx import optim
+
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal((16, 8)).astype(np.float32),
+              "b": rng.standard_normal(8).astype(np.float32)}
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+    opt = optim.adam(1e-2)
+
+    def loss(p, x):
+        return tgx.numpy.mean(tgx.numpy.tanh(x @ p["w"] + p["b"]) ** 2)
+
+    def step(p, s, x):
+        val, grads = tgx.value_and_grad(loss)(p, x)
+        updates, s = opt.update(grads, s, p)
+        return val, (optim.apply_updates(p, updates), s)
+
+    p = {k: v.copy() for k, v in params.items()}
+    s = opt.init(p)
+    f = tgx.compile(step, state=("p", "s"), backends=["torch"])
+    tw = {k: torch.from_numpy(v.copy()).requires_grad_() for k, v in params.items()}
+    topt = torch.optim.Adam(list(tw.values()), lr=1e-2)
+    tx = torch.from_numpy(x)
+    w_id = id(p["w"])
+    for _ in range(5):
+        f(p, s, x)
+        topt.zero_grad()
+        torch.mean(torch.tanh(tx @ tw["w"] + tw["b"]) ** 2).backward()
+        topt.step()
+    plan = f.lower(p, s, x)
+    labels = [i.label for i in plan.compiled.instructions if "adam_update" in i.label]
+    assert len(labels) == 2 and all("[into state]" in lab for lab in labels)
+    assert id(p["w"]) == w_id
+    for k in params:
+        np.testing.assert_allclose(p[k], tw[k].detach().numpy(), rtol=1e-6, atol=1e-6)
