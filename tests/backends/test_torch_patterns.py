@@ -176,3 +176,31 @@ def test_adam_step_on_torch_uses_the_fused_kernel_and_matches_torch_optim():
     assert id(p["w"]) == w_id
     for k in params:
         np.testing.assert_allclose(p[k], tw[k].detach().numpy(), rtol=1e-6, atol=1e-6)
+
+
+def gelu_tanh64(x):
+    x = x.astype(np.float64)
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+@settings(max_examples=20, deadline=None)
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=3).map(tuple),
+       scale=st.sampled_from([1.0, 10.0, 1e4]), seed=st.integers(0, 2**16))
+def test_gelu_tanh_on_the_cpu_matches_float64(shape, scale, seed):
+    """torch's tanh GELU as `x sigmoid(2z)` (the composite's kernel and the gate pattern)."""
+    from tgx.backends.torch_backend import gelu_tanh_cpu
+
+    rng = np.random.default_rng(seed)
+    a, b = ((rng.standard_normal(shape) * scale).astype(np.float32) for _ in range(2))
+    tol = dict(rtol=1e-6, atol=1e-6 * scale)
+    np.testing.assert_allclose(gelu_tanh_cpu(torch.from_numpy(a)).numpy(), gelu_tanh64(a), **tol)
+    np.testing.assert_allclose(TP.gelu_tanh_gate(torch.from_numpy(a), torch.from_numpy(b)).numpy(),
+                               gelu_tanh64(a) * b, rtol=2e-6, atol=2e-6 * scale * scale)
+
+
+def test_gelu_tanh_on_the_cpu_keeps_the_edges():
+    from tgx.backends.torch_backend import gelu_tanh_cpu
+
+    x = torch.tensor([-np.inf, -1e20, -30.0, -1e-30, 0.0, 1e20, np.inf, np.nan])
+    want = torch.nn.functional.gelu(x, approximate="tanh")
+    np.testing.assert_array_equal(gelu_tanh_cpu(x).numpy(), want.numpy())

@@ -313,6 +313,18 @@ def torch_copy_to(x, *, backend="torch", device="cpu"):
     return BACKEND.convert(x, device)
 
 
+def gelu_tanh_cpu(x, gate=None):
+    """`gelu(x, approximate="tanh")` (times `gate`) on the CPU as `x * sigmoid(2z)`, the same
+    function as `0.5 x (1 + tanh z)`, in place in one buffer: torch's own CPU kernel for the
+    tanh form took 206 us on a (128, 2048) float32 tensor, this 111 (erf's GELU: 50)."""
+    k = 2 * 0.7978845608028654   # 2 sqrt(2 / pi)
+    z = x * x
+    z.mul_(0.044715 * k).add_(k).mul_(x)
+    torch.sigmoid_(z)
+    z.mul_(x)
+    return z if gate is None else z.mul_(gate)
+
+
 # -- composites with a dedicated torch kernel (registered only if the primitive exists) ------
 def _composite_table():
     import torch.nn.functional as F
@@ -327,6 +339,8 @@ def _composite_table():
         return torch.logsumexp(x, dim=axes, keepdim=keepdims)
 
     def gelu(x, *, approximate):
+        if approximate == "tanh" and not x.is_cuda:
+            return gelu_tanh_cpu(x)
         return F.gelu(x, approximate=approximate)
 
     def gelu_grad(ct, x, *, approximate):  # what torch's autograd runs for gelu
@@ -364,6 +378,18 @@ def _composite_table():
     def linear(x, w, *b):
         return F.linear(x, w, b[0] if b else None)
 
+    def rotary(x, cos, sin):
+        # x * cos, then each half's rotated term added in place: 3 kernels where the
+        # decomposition (slices, neg, concatenate, muls, add) runs 7 (Gemma prefill's q and k:
+        # ~4 ms of 18 layers' 150)
+        h = x.shape[-1] // 2
+        out = torch.empty(torch.broadcast_shapes(x.shape, cos.shape, sin.shape), dtype=x.dtype,
+                          device=x.device)
+        torch.mul(x, cos, out=out)
+        out[..., :h].addcmul_(x[..., h:], sin[..., :h], value=-1)
+        out[..., h:].addcmul_(x[..., :h], sin[..., h:])
+        return out
+
     def conv(x, w, *b, stride, padding, dilation, groups):
         n = w.ndim - 2
         fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[n]
@@ -390,7 +416,7 @@ def _composite_table():
         "rms_norm": (rms_norm, {"normalized_shape", "eps", "has_weight"}),
         "scaled_dot_product_attention": (
             sdpa, {"has_mask", "is_causal", "scale", "enable_gqa"}, sdpa_ok),
-        "linear": (linear, set()),
+        "linear": (linear, set()), "apply_rotary_emb": (rotary, set()),
         "conv": (conv, {"stride", "padding", "dilation", "groups"}, conv_ok),
     }
 

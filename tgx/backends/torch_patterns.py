@@ -1,5 +1,6 @@
 """Pattern kernels of the torch backend: the RMSNorm family as one CUDA kernel on a GPU, one
-torch expression elsewhere; Adam's update of one parameter as torch's fused Adam kernel.
+torch expression elsewhere; a GeGLU's gate (`gelu_tanh_gate`) in one buffer on the CPU;
+Adam's update of one parameter as torch's fused Adam kernel.
 
 `rms_norm_1p`, `residual_rms_norm` and `residual_rms_norm_1p` (the patterns of
 `tgx.backends.numba_patterns`: Gemma's `(1 + w)` norms and the residual add of a normalised
@@ -82,9 +83,23 @@ def residual_rms_norm_1p(x, h, w, *, eps):
     return _norm(x, h, w, eps, 1.0)
 
 
+def gelu_tanh_gate(a, b):
+    """`gelu(a, approximate="tanh") * b` (a GeGLU's gate): in one buffer on the CPU
+    (`torch_backend.gelu_tanh_cpu`: 135 us at (128, 2048) against 242 for `F.gelu` and a
+    multiply), `F.gelu` on a GPU, where it is one fused kernel."""
+    import torch.nn.functional as F
+
+    from .torch_backend import gelu_tanh_cpu
+
+    if a.is_cuda:
+        return F.gelu(a, approximate="tanh") * b
+    return gelu_tanh_cpu(a, b)
+
+
 for _name, _fn, _checker in (("rms_norm_1p", rms_norm_1p, _float32),
                              ("residual_rms_norm", residual_rms_norm, _same_shape),
-                             ("residual_rms_norm_1p", residual_rms_norm_1p, _same_shape)):
+                             ("residual_rms_norm_1p", residual_rms_norm_1p, _same_shape),
+                             ("gelu_tanh_gate", gelu_tanh_gate, _same_shape)):
     _forms = LazyForms(functools.partial(pattern_forms, _name))
     add_kernel(Kernel(_name, NAME, _fn, _checker, "fused", pattern=_forms))
 
