@@ -98,29 +98,35 @@ def adam_scalars(t: int, lr: float = 1e-3):
     return nss, bc2
 
 
-def adam64(p, g, m, v, nss, bc2, c1, b2, c2, eps):
+def adam64(p, g, m, v, nss, bc2, c1, b2, c2, eps, dr=0.0):
     p, g, m, v = (x.astype(np.float64) for x in (p, g, m, v))
     m2 = m + float(c1) * (g - m)
     v2 = v * float(b2) + float(c2) * g * g
-    return p + float(nss) * (m2 / (np.sqrt(v2) / float(bc2) + float(eps))), m2, v2
+    return p + (float(nss) * (m2 / (np.sqrt(v2) / float(bc2) + float(eps))) - float(dr) * p), \
+        m2, v2
 
 
 @settings(max_examples=25, deadline=None)
 @given(shape=st.lists(st.integers(1, 7), min_size=1, max_size=3).map(tuple),
        t=st.sampled_from([1, 2, 3, 10, 1000, 30000]), in_place=st.booleans(),
-       adam=st.booleans(), seed=st.integers(0, 2**16))
-def test_adam_update_matches_float64(shape, t, in_place, adam, seed):
-    """The fused kernel (torch's Adam constants) and the fallback (constants no Adam has:
-    b2 + c2 != 1) both compute the pattern, into given buffers or fresh ones."""
+       adam=st.booleans(), decay=st.sampled_from([0.0, 1e-4, 0.05]),
+       seed=st.integers(0, 2**16))
+def test_adam_update_matches_float64(shape, t, in_place, adam, decay, seed):
+    """The fused kernels (torch's Adam constants; AdamW's with a decay) and the fallback
+    (constants no Adam has: b2 + c2 != 1) compute the pattern, into given buffers or fresh
+    ones."""
     rng = np.random.default_rng(seed)
     p, g, m = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
     v = np.abs(rng.standard_normal(shape)).astype(np.float32) * 1e-2
     nss, bc2 = adam_scalars(t)
     consts = [np.float32(x) for x in ((1 - B1, B2, 1 - B2, EPS) if adam else (0.3, 0.5, 0.2, 1e-3))]
-    want = adam64(p, g, m, v, nss, bc2, *consts)
+    dr = np.float32(decay)
+    want = adam64(p, g, m, v, nss, bc2, *consts, dr)
     tp, tg, tm, tv = (torch.from_numpy(x.copy()) for x in (p, g, m, v))
     outs = {0: tp, 1: tm, 2: tv} if in_place else None
-    got = TP.adam_update(tp, tg, tm, tv, *map(torch.tensor, (nss, bc2, *consts)), outs=outs)
+    scalars = [torch.tensor(x) for x in (nss, bc2, *consts)]
+    got = (TP.adamw_update(tp, tg, tm, tv, *scalars, torch.tensor(dr), outs=outs) if decay
+           else TP.adam_update(tp, tg, tm, tv, *scalars, outs=outs))
     for a, b, name in zip(got, want, "pmv"):
         np.testing.assert_allclose(a.numpy(), b, rtol=1e-6, atol=1e-6 * np.abs(b).max(),
                                    err_msg=name)
@@ -139,16 +145,18 @@ def test_fused_adam_args_only_for_adam_constants():
     assert TP._fused_adam_args(float(nss), float(bc2), 1.5, B2, 1 - B2, 1e-8) is None
 
 
-def test_adam_step_on_torch_uses_the_fused_kernel_and_matches_torch_optim():
-    """A compiled Adam step on torch runs one `adam_update` per parameter, written into the
-    caller's state arrays, and follows `torch.optim.Adam` step for step."""
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_adam_step_on_torch_uses_the_fused_kernel_and_matches_torch_optim(kind):
+    """A compiled Adam (AdamW) step on torch runs one `adam_update` (`adamw_update`) per
+    parameter, written into the caller's state arrays, and follows `torch.optim.Adam`
+    (`AdamW`) step for step."""
     from tgx import optim
 
     rng = np.random.default_rng(0)
     params = {"w": rng.standard_normal((16, 8)).astype(np.float32),
               "b": rng.standard_normal(8).astype(np.float32)}
     x = rng.standard_normal((32, 16)).astype(np.float32)
-    opt = optim.adam(1e-2)
+    opt = optim.adam(1e-2) if kind == "adam" else optim.adamw(1e-2, weight_decay=0.1)
 
     def loss(p, x):
         return tgx.numpy.mean(tgx.numpy.tanh(x @ p["w"] + p["b"]) ** 2)
@@ -162,7 +170,8 @@ def test_adam_step_on_torch_uses_the_fused_kernel_and_matches_torch_optim():
     s = opt.init(p)
     f = tgx.compile(step, state=("p", "s"), backends=["torch"])
     tw = {k: torch.from_numpy(v.copy()).requires_grad_() for k, v in params.items()}
-    topt = torch.optim.Adam(list(tw.values()), lr=1e-2)
+    topt = (torch.optim.Adam(list(tw.values()), lr=1e-2) if kind == "adam"
+            else torch.optim.AdamW(list(tw.values()), lr=1e-2, weight_decay=0.1))
     tx = torch.from_numpy(x)
     w_id = id(p["w"])
     for _ in range(5):
@@ -171,7 +180,7 @@ def test_adam_step_on_torch_uses_the_fused_kernel_and_matches_torch_optim():
         torch.mean(torch.tanh(tx @ tw["w"] + tw["b"]) ** 2).backward()
         topt.step()
     plan = f.lower(p, s, x)
-    labels = [i.label for i in plan.compiled.instructions if "adam_update" in i.label]
+    labels = [i.label for i in plan.compiled.instructions if f"{kind}_update" in i.label]
     assert len(labels) == 2 and all("[into state]" in lab for lab in labels)
     assert id(p["w"]) == w_id
     for k in params:

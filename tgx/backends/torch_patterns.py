@@ -20,7 +20,9 @@ bench_train's lm-large, against 8.8 ms for tgx's torch plan op by op), writing p
 into the state buffers (`Kernel.outs_into`). It takes the step count and the learning rate,
 not `nss` and `bc2`: the kernel recovers the count from `bc2` and the rate from `nss` and the
 count, in float64, so that torch's bias corrections give back the graph's scalars to
-float32's precision (tested against float64 at counts 1 to 30000).
+float32's precision (tested against float64 at counts 1 to 30000). `adamw_update` is the
+same for `tgx.optim.adamw`, whose update also subtracts `lr * weight_decay * p`
+(`torch._fused_adamw_`).
 
 >>> import numpy as np
 >>> SOURCE.name
@@ -111,11 +113,18 @@ def _adam_pattern(p, g, m, v, nss, bc2, c1, b2, c2, eps):
     return p + nss * (m2 / (tnp.sqrt(v2) / bc2 + eps)), m2, v2
 
 
-def _adam_forms() -> tuple:
-    """The pattern for parameters of rank 1-4 (the six scalars also match literals: an
-    optimizer's constants are literals in its graph)."""
+def _adamw_pattern(p, g, m, v, nss, bc2, c1, b2, c2, eps, dr):
+    # `tgx.optim.adamw`: the decoupled decay `- lr * wd * p` inside the update
+    m2 = m + c1 * (g - m)
+    v2 = v * b2 + c2 * g * g
+    return p + (nss * (m2 / (tnp.sqrt(v2) / bc2 + eps)) - dr * p), m2, v2
+
+
+def _adam_forms(pattern, scalars: int) -> tuple:
+    """`pattern` for parameters of rank 1-4 (its scalars also match literals: an optimizer's
+    constants are literals in its graph)."""
     dims = ("A", "B", "C", "D")
-    return tuple(make_graph(_adam_pattern)(*[Spec(dims[:rank])] * 4, *[Spec(())] * 6)
+    return tuple(make_graph(pattern)(*[Spec(dims[:rank])] * 4, *[Spec(())] * scalars)
                  for rank in (1, 2, 3, 4))
 
 
@@ -128,13 +137,14 @@ def _adam_checker(avals, params):
     return None
 
 
-def _fused_adam_args(nss: float, bc2: float, c1: float, b2: float, c2: float,
-                     eps: float) -> dict | None:
-    """`torch._fused_adam_`'s scalars computing what `adam_update` computes, or None where it
-    cannot (constants that are not an Adam's: b2 + c2 != 1, weights outside [0, 1))."""
+def _fused_adam_args(nss: float, bc2: float, c1: float, b2: float, c2: float, eps: float,
+                     dr: float = 0.0) -> dict | None:
+    """`torch._fused_adam(w)_`'s scalars computing what `adam(w)_update` computes, or None
+    where they cannot (constants that are not an Adam's: b2 + c2 != 1, weights outside
+    [0, 1)). `dr`: AdamW's decay per step, `lr * weight_decay`."""
     beta1, beta2 = 1.0 - c1, 1.0 - c2
     if not (0 <= c1 < 1 and 0 < c2 < 1 and abs(b2 - beta2) <= 1e-7 and 0 < bc2 <= 1
-            and eps >= 0 and math.isfinite(nss)):
+            and eps >= 0 and math.isfinite(nss) and math.isfinite(dr)):
         return None
     # torch computes bc2 = sqrt(1 - beta2**t) and step size lr / (1 - beta1**t) from the
     # count t: t from bc2, then lr from that t, so both come back as the graph's
@@ -142,13 +152,13 @@ def _fused_adam_args(nss: float, bc2: float, c1: float, b2: float, c2: float,
     t = math.log1p(-sq) / math.log(beta2) if sq < 1 else math.inf
     t = float(np.float32(t))   # as the float32 step tensor holds it
     lr = -nss * (1.0 - beta1 ** t)
-    return dict(lr=lr, beta1=beta1, beta2=beta2, weight_decay=0.0, eps=eps, amsgrad=False,
-                maximize=False, step=t)
+    if dr and not lr > 0:   # AdamW's decay is lr * weight_decay: a rate is needed
+        return None
+    return dict(lr=lr, beta1=beta1, beta2=beta2, weight_decay=dr / lr if dr else 0.0,
+                eps=eps, amsgrad=False, maximize=False, step=t)
 
 
-def adam_update(p, g, m, v, nss, bc2, c1, b2, c2, eps, outs=None):
-    """One Adam step of one parameter (see the module doc): `(p', m', v')`, written into
-    `outs={position: tensor}` where given (the state buffers; one may be its own input)."""
+def _adam_step(p, g, m, v, scalars, dr, outs):
     import torch
 
     outs = outs or {}
@@ -161,19 +171,41 @@ def adam_update(p, g, m, v, nss, bc2, c1, b2, c2, eps, outs=None):
             buf.copy_(x)
         new.append(buf)
     P, M, V = new
-    s = [float(x) for x in (nss, bc2, c1, b2, c2, eps)]
-    args = _fused_adam_args(*s) if all(
+    s = [float(x) for x in scalars]
+    dr = float(dr) if dr is not None else 0.0
+    args = _fused_adam_args(*s, dr) if all(
         t.is_contiguous() for t in (P, g, M, V)) and g.device == P.device else None
     if args is not None:
         step = torch.tensor(args.pop("step"), dtype=torch.float32, device=P.device)
-        torch._fused_adam_([P], [g], [M], [V], [], [step], **args)
+        fused = torch._fused_adamw_ if dr else torch._fused_adam_
+        fused([P], [g], [M], [V], [], [step], **args)
         return P, M, V
     nss, bc2, c1, b2, c2, eps = s   # the formulas as they are, in place
     M.add_(g - M, alpha=c1)
     V.mul_(b2).addcmul_(g, g, value=c2)
-    P.add_(M / (V.sqrt().div_(bc2).add_(eps)), alpha=nss)
+    u = M / (V.sqrt().div_(bc2).add_(eps))
+    u.mul_(nss)
+    if dr:
+        u.sub_(P, alpha=dr)
+    P.add_(u)
     return P, M, V
 
 
+def adam_update(p, g, m, v, nss, bc2, c1, b2, c2, eps, outs=None):
+    """One Adam step of one parameter (see the module doc): `(p', m', v')`, written into
+    `outs={position: tensor}` where given (the state buffers; one may be its own input)."""
+    return _adam_step(p, g, m, v, (nss, bc2, c1, b2, c2, eps), None, outs)
+
+
+def adamw_update(p, g, m, v, nss, bc2, c1, b2, c2, eps, dr, outs=None):
+    """One AdamW step: `adam_update` with `- dr * p` (dr = lr * weight_decay) in the update
+    (`torch._fused_adamw_`)."""
+    return _adam_step(p, g, m, v, (nss, bc2, c1, b2, c2, eps), dr, outs)
+
+
 add_kernel(Kernel("adam_update", NAME, adam_update, _adam_checker, "fused",
-                  pattern=LazyForms(_adam_forms), outs_into=True))
+                  pattern=LazyForms(functools.partial(_adam_forms, _adam_pattern, 6)),
+                  outs_into=True))
+add_kernel(Kernel("adamw_update", NAME, adamw_update, _adam_checker, "fused",
+                  pattern=LazyForms(functools.partial(_adam_forms, _adamw_pattern, 7)),
+                  outs_into=True))
