@@ -20,6 +20,11 @@ the best peer. `--patterns rope`: the numba kernel of the primitive `apply_rotar
 NumPy's (`tgx op by op` there is tgx's NumPy kernel). End to end, `bench_gemma.py` has rows
 with patterns off.
 
+`--torch`: torch's pattern kernels (`tgx.backends.torch_patterns`: the Gemma norms, the GeGLU
+gate, Adam's step of one parameter), called directly (`tgx kernel`) and as a compiled
+function on torch (`tgx pattern`), against tgx's torch plan without patterns (`tgx op by
+op`) and the peers.
+
 `--generated` (or `--patterns generated`): the same computations written as plain ops, each
 one region of the fuse stage, run by the loops `tgx.backends.numba_codegen` generates from
 the region's IR (`tgx generated`: serial; `tgx generated ‖`: the parallel loops, where the
@@ -325,6 +330,76 @@ def generated_contenders(name, spec, rows):
     return _checked(name, out, np_fn, args)
 
 
+#: patterns with a torch kernel of their own (`tgx.backends.torch_patterns`)
+TORCH_PATTERNS = ("rms_norm_1p", "residual_rms_norm_1p", "gelu_tanh_gate")
+
+
+def adam_spec():
+    """Adam's step of one (2048, 640) parameter (`torch_patterns.adam_update`): the pattern,
+    NumPy, torch and jax forms, and its inputs at step 10 (lr 1e-3, torch's defaults)."""
+    import jax.numpy as jnp
+    import torch
+
+    from tgx.backends import torch_patterns as TP
+
+    c1, b2, c2, eps = 1 - 0.9, 0.999, 1 - 0.999, 1e-8   # literals, as in `optim.adam`'s graph
+
+    def step(sqrt):
+        def f(p, g, m, v, nss, bc2):
+            m2 = m + c1 * (g - m)
+            v2 = v * b2 + c2 * g * g
+            return p + nss * (m2 / (sqrt(v2) / bc2 + eps)), m2, v2
+        return f
+
+    rng = np.random.default_rng(0)
+    p, g, m = (rng.standard_normal((F, D)).astype(np.float32) for _ in range(3))
+    v = np.abs(rng.standard_normal((F, D))).astype(np.float32) * 1e-2
+    t = np.float32(10)
+    nss = np.float32(-1e-3 / -np.expm1(t * np.float32(np.log(0.9))))
+    bc2 = np.sqrt(-np.expm1(t * np.float32(np.log(0.999))), dtype=np.float32)
+    return (lambda *a: TP._adam_pattern(*a, c1, b2, c2, eps), step(np.sqrt),
+            step(torch.sqrt), step(jnp.sqrt), [p, g, m, v, nss, bc2])
+
+
+def torch_contenders(name, spec, rows):
+    """A torch pattern kernel against tgx's torch plan op by op and the peers."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    fn, np_fn, t_fn, j_fn, shapes = spec
+    args = shapes if isinstance(shapes, list) else draw_args(shapes, rows)
+    on = tgx.compile(fn, backends=["torch"], policy="heuristic")
+    off = tgx.compile(fn, backends=["torch"], policy="heuristic", patterns=False)
+    plan = on.lower(*args)
+    (i, k), = [(i, k) for i, k in enumerate(plan.graph.kernels) if k is not None
+               and k.name == name]
+    kernel = k.bind(plan.graph.eqns[i].params)
+    targs = [torch.from_numpy(np.array(a)) for a in args]
+    # the pattern's inputs the function holds as literals (Adam's constants) come last
+    lits = [torch.tensor(a.val, dtype=torch.float32) for a in plan.graph.eqns[i].invars
+            if not hasattr(a, "id")]
+    jargs = [jnp.asarray(a) for a in args]
+    jitted = jax.jit(j_fn)
+    if name == "adam_update":   # in place into its own copies of p, m, v, as in a plan
+        work = [t.clone() for t in targs]   # (later calls step on from the last one's state)
+
+        def direct():
+            return kernel(*work, *lits, outs={0: work[0], 1: work[2], 2: work[3]})
+    else:
+        def direct():
+            return kernel(*targs, *lits)
+    out = {
+        "tgx kernel": direct,
+        "tgx pattern": lambda: on(*args),
+        "tgx op by op": lambda: off(*args),
+        "NumPy": lambda: np_fn(*args),
+        "torch eager": lambda: t_fn(*targs),
+        "jax.jit": lambda: jax.block_until_ready(jitted(*jargs)),
+    }
+    return _checked(name, out, np_fn, args)
+
+
 def compile_cost(spec, rows) -> tuple[float, float]:
     """Seconds of the first call of the region's serial loops with an empty kernel cache
     (generate, write, compile) and with the cache on disk (as a second process: load)."""
@@ -358,9 +433,14 @@ def main(argv=None) -> None:
     ap.add_argument("--patterns", nargs="*", help="only these patterns ('generated': the "
                                                    "generated-region rows)")
     ap.add_argument("--generated", action="store_true", help="only the generated regions")
+    ap.add_argument("--torch", action="store_true", help="only torch's pattern kernels "
+                    "(the op-by-op rows: tgx's torch plan without patterns)")
     args = ap.parse_args(argv)
     if args.generated or (args.patterns and "generated" in args.patterns):
         main_generated(args.rounds)
+        return
+    if args.torch:
+        main_torch(args.rounds)
         return
     for name, spec in patterns().items():
         if args.patterns and name not in args.patterns:
@@ -374,6 +454,17 @@ def main(argv=None) -> None:
             times = measure(rope_contenders(rows), args.rounds)
             report(f"apply_rotary_emb (a primitive: numba kernel against NumPy's), {phase} "
                    f"(4 heads x {rows} x 256)", times)
+
+
+def main_torch(rounds: int) -> None:
+    specs = patterns()
+    for name in TORCH_PATTERNS:
+        for phase, rows in (("prefill", 128), ("decode", 1)):
+            fns = torch_contenders(name, specs[name], rows)
+            report(f"torch kernel: {name}, {phase} ({rows} row{'s' if rows > 1 else ''})",
+                   measure(fns, rounds))
+    fns = torch_contenders("adam_update", adam_spec(), 0)
+    report(f"torch kernel: adam_update, one ({F}, {D}) parameter", measure(fns, rounds))
 
 
 def main_generated(rounds: int) -> None:
