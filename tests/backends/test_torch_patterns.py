@@ -218,3 +218,21 @@ def test_gelu_tanh_on_the_cpu_keeps_the_edges():
     x = torch.tensor([-np.inf, -1e20, -30.0, -1e-30, 0.0, 1e20, np.inf, np.nan]).repeat(5000)
     want = torch.nn.functional.gelu(x, approximate="tanh")
     np.testing.assert_array_equal(gelu_tanh_cpu(x).numpy(), want.numpy())
+
+
+@settings(max_examples=15, deadline=None)
+@given(lead=st.lists(st.integers(1, 5), min_size=1, max_size=2).map(tuple),
+       k=st.integers(1, 40), n=st.integers(1, 40), bias=st.booleans(), seed=st.integers(0, 99))
+def test_linear_out_matches_float64(lead, k, n, bias, seed):
+    """`linear[out]` on torch: `x @ w.T (+ b)` written into the plan's buffer."""
+    from tgx.backends.torch_backend import torch_linear_out
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((*lead, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    b = [rng.standard_normal(n).astype(np.float32)] if bias else []
+    out = torch.empty((*lead, n))
+    got = torch_linear_out(*map(torch.from_numpy, (x, w, *b)), out=out)
+    assert got is out
+    want = x.astype(np.float64) @ w.T.astype(np.float64) + (b[0] if bias else 0)
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5 * np.sqrt(k))

@@ -513,3 +513,19 @@ def _register_composites() -> None:
 
 
 _register_composites()
+
+
+def _linear_out_ok(avals, params):
+    x, w = avals[:2]
+    if w.ndim != 2 or any(a.dtype != x.dtype for a in avals) or x.dtype.kind != "f":
+        return "float operands of one dtype and a 2-D weight"
+    return None
+
+
+@register_kernel("linear", NAME, checker=_linear_out_ok, variant="out", writes_out=True)
+def torch_linear_out(x, w, *b, out):
+    """`F.linear` into the plan's buffer: `matmul(x, w.T, out=)` (+ the bias in place)."""
+    torch.matmul(x, w.t(), out=out)
+    if b:
+        out.add_(b[0])
+    return out
