@@ -199,7 +199,7 @@ def gelu_tanh64(x):
 def test_gelu_tanh_on_the_cpu_matches_float64(shape, big, scale, seed):
     """torch's tanh GELU as `x sigmoid(2z)` (the composite's kernel and the gate pattern;
     `big`: above the size where it takes over from `F.gelu`)."""
-    from tgx.backends.torch_backend import gelu_tanh_cpu
+    from tgx.backends.torch_patterns import gelu_tanh_cpu
 
     if big:
         shape = (*shape[:-1], 40000 // int(np.prod(shape[:-1])) + 1)
@@ -213,7 +213,7 @@ def test_gelu_tanh_on_the_cpu_matches_float64(shape, big, scale, seed):
 
 
 def test_gelu_tanh_on_the_cpu_keeps_the_edges():
-    from tgx.backends.torch_backend import gelu_tanh_cpu
+    from tgx.backends.torch_patterns import gelu_tanh_cpu
 
     x = torch.tensor([-np.inf, -1e20, -30.0, -1e-30, 0.0, 1e20, np.inf, np.nan]).repeat(5000)
     want = torch.nn.functional.gelu(x, approximate="tanh")

@@ -24,6 +24,7 @@ from .base import Backend
 from .registry import (
     Kernel, add_kernel, as_method, matmul_layout_reason, matmul_permutations, register_kernel,
 )
+from .torch_patterns import gelu_tanh_cpu
 
 NAME = "torch"
 
@@ -313,23 +314,6 @@ def torch_copy_to(x, *, backend="torch", device="cpu"):
     return BACKEND.convert(x, device)
 
 
-def gelu_tanh_cpu(x, gate=None):
-    """`gelu(x, approximate="tanh")` (times `gate`) on the CPU as `x * sigmoid(2z)`, the same
-    function as `0.5 x (1 + tanh z)`, in place in one buffer: torch's own CPU kernel for the
-    tanh form took 206 us on a (128, 2048) float32 tensor, this 111 (erf's GELU: 50). Below
-    ~32k elements its six calls cost more than they save (one row of 2048, gated: 11.8 us
-    against 5.2), so small tensors keep torch's kernel."""
-    if x.numel() < 32768:
-        y = torch.nn.functional.gelu(x, approximate="tanh")
-        return y if gate is None else y.mul_(gate)
-    k = 2 * 0.7978845608028654   # 2 sqrt(2 / pi)
-    z = x * x
-    z.mul_(0.044715 * k).add_(k).mul_(x)
-    torch.sigmoid_(z)
-    z.mul_(x)
-    return z if gate is None else z.mul_(gate)
-
-
 # -- composites with a dedicated torch kernel (registered only if the primitive exists) ------
 def _composite_table():
     import torch.nn.functional as F
@@ -424,7 +408,6 @@ def _composite_table():
         "linear": (linear, set()), "apply_rotary_emb": (rotary, set()),
         "conv": (conv, {"stride", "padding", "dilation", "groups"}, conv_ok),
     }
-
 
 
 class TorchBackend(Backend):

@@ -88,13 +88,30 @@ def residual_rms_norm_1p(x, h, w, *, eps):
     return _norm(x, h, w, eps, 1.0)
 
 
+def gelu_tanh_cpu(x, gate=None):
+    """`gelu(x, approximate="tanh")` (times `gate`) on the CPU as `x * sigmoid(2z)`, the same
+    function as `0.5 x (1 + tanh z)`, in place in one buffer: torch's own CPU kernel for the
+    tanh form took 206 us on a (128, 2048) float32 tensor, this 111 (erf's GELU: 50). Below
+    ~32k elements its six calls cost more than they save (one row of 2048, gated: 11.8 us
+    against 5.2), so small tensors keep torch's kernel."""
+    import torch
+
+    if x.numel() < 32768:
+        y = torch.nn.functional.gelu(x, approximate="tanh")
+        return y if gate is None else y.mul_(gate)
+    k = 2 * 0.7978845608028654   # 2 sqrt(2 / pi)
+    z = x * x
+    z.mul_(0.044715 * k).add_(k).mul_(x)
+    torch.sigmoid_(z)
+    z.mul_(x)
+    return z if gate is None else z.mul_(gate)
+
+
 def gelu_tanh_gate(a, b):
     """`gelu(a, approximate="tanh") * b` (a GeGLU's gate): in one buffer on the CPU
-    (`torch_backend.gelu_tanh_cpu`: 135 us at (128, 2048) against 242 for `F.gelu` and a
+    (`gelu_tanh_cpu`: 135 us at (128, 2048) against 242 for `F.gelu` and a
     multiply), `F.gelu` on a GPU, where it is one fused kernel."""
     import torch.nn.functional as F
-
-    from .torch_backend import gelu_tanh_cpu
 
     if a.is_cuda:
         return F.gelu(a, approximate="tanh") * b
