@@ -167,11 +167,9 @@ def draw_args(shapes, rows):
 
 
 def contenders(name, spec, rows):
-    import jax
-    import jax.numpy as jnp
     import torch
 
-    fn, np_fn, t_fn, j_fn, shapes = spec
+    fn, np_fn, _, _, shapes = spec
     args = draw_args(shapes, rows)
     on = tgx.compile(fn, backends=["numpy"], policy="heuristic")
     off = tgx.compile(fn, backends=["numpy"], policy="heuristic", patterns=False)
@@ -179,17 +177,27 @@ def contenders(name, spec, rows):
     assert [k.name for k in plan.kernels] == [name], plan.kernels
     kernel = plan.kernels[0].bind(plan.graph.eqns[0].params)
     targs = [torch.from_numpy(np.asarray(a)) for a in args]
+    out = _rows(lambda: kernel(*args), on, off, spec, args, targs)
+    return _checked(name, out, np_fn, args)
+
+
+def _rows(direct, on, off, spec, args, targs) -> dict:
+    """The contenders of one pattern: the kernel called directly, the compiled function with
+    and without patterns, and the peers."""
+    import jax
+    import jax.numpy as jnp
+
+    _, np_fn, t_fn, j_fn, _ = spec
     jargs = [jnp.asarray(a) for a in args]
     jitted = jax.jit(j_fn)
-    out = {
+    return {
+        "tgx kernel": direct,
         "tgx pattern": lambda: on(*args),
-        "tgx kernel": lambda: kernel(*args),
         "tgx op by op": lambda: off(*args),
         "NumPy": lambda: np_fn(*args),
         "torch eager": lambda: t_fn(*targs),
         "jax.jit": lambda: jax.block_until_ready(jitted(*jargs)),
     }
-    return _checked(name, out, np_fn, args)
 
 
 def _checked(name, rows: dict, np_fn, args) -> dict:
@@ -363,11 +371,9 @@ def adam_spec():
 
 def torch_contenders(name, spec, rows):
     """A torch pattern kernel against tgx's torch plan op by op and the peers."""
-    import jax
-    import jax.numpy as jnp
     import torch
 
-    fn, np_fn, t_fn, j_fn, shapes = spec
+    fn, np_fn, _, _, shapes = spec
     args = shapes if isinstance(shapes, list) else draw_args(shapes, rows)
     on = tgx.compile(fn, backends=["torch"], policy="heuristic")
     off = tgx.compile(fn, backends=["torch"], policy="heuristic", patterns=False)
@@ -379,8 +385,6 @@ def torch_contenders(name, spec, rows):
     # the pattern's inputs the function holds as literals (Adam's constants) come last
     lits = [torch.tensor(a.val, dtype=torch.float32) for a in plan.graph.eqns[i].invars
             if not hasattr(a, "id")]
-    jargs = [jnp.asarray(a) for a in args]
-    jitted = jax.jit(j_fn)
     if name == "adam_update":   # in place into its own copies of p, m, v, as in a plan
         work = [t.clone() for t in targs]   # (later calls step on from the last one's state)
 
@@ -389,15 +393,7 @@ def torch_contenders(name, spec, rows):
     else:
         def direct():
             return kernel(*targs, *lits)
-    out = {
-        "tgx kernel": direct,
-        "tgx pattern": lambda: on(*args),
-        "tgx op by op": lambda: off(*args),
-        "NumPy": lambda: np_fn(*args),
-        "torch eager": lambda: t_fn(*targs),
-        "jax.jit": lambda: jax.block_until_ready(jitted(*jargs)),
-    }
-    return _checked(name, out, np_fn, args)
+    return _checked(name, _rows(direct, on, off, spec, args, targs), np_fn, args)
 
 
 def compile_cost(spec, rows) -> tuple[float, float]:
