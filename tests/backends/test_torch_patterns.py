@@ -236,3 +236,42 @@ def test_linear_out_matches_float64(lead, k, n, bias, seed):
     assert got is out
     want = x.astype(np.float64) @ w.T.astype(np.float64) + (b[0] if bias else 0)
     np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+# (x shape, y shape, dimension_numbers): matmuls, rank-3 activations against a weight,
+# weight gradients contracting two axes, batched heads, transposed operands
+DOT_CASES = [
+    ((5, 3), (3, 4), (((1,), (0,)), ((), ()))),
+    ((2, 5, 3), (3, 4), (((2,), (0,)), ((), ()))),
+    ((2, 5, 3), (4, 3), (((2,), (1,)), ((), ()))),
+    ((2, 5, 3), (2, 5, 4), (((0, 1), (0, 1)), ((), ()))),
+    ((3, 2, 5), (4, 2, 5), (((1, 2), (1, 2)), ((), ()))),
+    ((6, 5, 3), (6, 3, 4), (((2,), (1,)), ((0,), (0,)))),
+    ((6, 3, 5), (6, 4, 3), (((1,), (2,)), ((0,), (0,)))),
+    ((2, 6, 5, 3), (2, 6, 3, 4), (((3,), (2,)), ((0, 1), (0, 1)))),
+    ((5, 2, 3), (2, 3, 4), (((2,), (1,)), ((1,), (0,)))),
+]
+
+
+@pytest.mark.parametrize("xs,ys,dn", DOT_CASES)
+def test_matmul_out_runs_every_contraction_into_the_buffer(xs, ys, dn):
+    """`dot_general[out]` on torch writes any contracting dot_general into the plan's
+    buffer, the layouts that are no matmul collapsed to one (weight gradients, rank-3
+    activations): against NumPy's dot_general in float64."""
+    from tgx.backends.registry import kernels_for
+    from tgx.backends.torch_backend import torch_matmul_out
+
+    rng = np.random.default_rng(len(xs) * 7 + len(ys))
+    x, y = rng.standard_normal(xs).astype(np.float32), rng.standard_normal(ys).astype(np.float32)
+    ref = next(k for k in kernels_for("dot_general", "numpy") if not k.writes_out).fn
+    want = ref(x.astype(np.float64), y.astype(np.float64), dimension_numbers=dn)
+    out = torch.empty(want.shape)
+    got = torch_matmul_out(torch.from_numpy(x), torch.from_numpy(y), dimension_numbers=dn,
+                           out=out)
+    assert got is out
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-5, atol=1e-5)
+    strided = torch.empty(want.shape[::-1]).T if want.ndim == 2 else None  # not contiguous
+    if strided is not None:
+        torch_matmul_out(torch.from_numpy(x), torch.from_numpy(y), dimension_numbers=dn,
+                         out=strided)
+        np.testing.assert_allclose(strided.numpy(), want, rtol=1e-5, atol=1e-5)

@@ -27,6 +27,8 @@ backend (copies are shared, as `rebackend` does); graph inputs live on NumPy, ou
 
 from __future__ import annotations
 
+import math
+
 import itertools
 from dataclasses import dataclass, field
 
@@ -185,7 +187,7 @@ class _Selector:
         cands = candidates(eqn, self.backends, unchecked_loops=True)
         decomposes = any(c.kind == "decomposition" for c in cands)
         for b in self.backends:
-            best = None
+            best, best_score = None, math.inf
             for c in cands:
                 if c.backend != b or self.cm.excluded(eqn, c.kernel, self.dims) is not None:
                     continue
@@ -200,8 +202,11 @@ class _Selector:
                     # every region's loop here was 45 of a 48 s first compile of a
                     # 4-layer LM training step on a cold kernel cache.
                     continue
-                if best is None or est.seconds < best.estimate.seconds:
-                    best = Choice(b, c, est)
+                # among one backend's kernels, one allocating its result pays for writing
+                # it to fresh memory (`CostModel.fresh_output_s`); the estimate stays its own
+                score = est.seconds + self.cm.fresh_output_s(eqn, c.kernel, self.dims)
+                if best is None or score < best_score:
+                    best, best_score = Choice(b, c, est), score
             if decomposes and depth < 8 and (
                     best is None or self.decomposition_bound(eqn, depth) < best.estimate.seconds):
                 sub = self.decomposition(eqn, b, depth)
