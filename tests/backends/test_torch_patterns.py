@@ -275,3 +275,44 @@ def test_matmul_out_runs_every_contraction_into_the_buffer(xs, ys, dn):
         torch_matmul_out(torch.from_numpy(x), torch.from_numpy(y), dimension_numbers=dn,
                          out=strided)
         np.testing.assert_allclose(strided.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("approximate", ["tanh", "none"])
+@pytest.mark.parametrize("n", [7, 40000])   # below / above where the tanh form takes over
+def test_gelu_and_its_gradient_into_the_buffer(approximate, n):
+    from scipy.special import erf
+
+    from tgx.backends.torch_backend import torch_gelu_grad_out, torch_gelu_out
+
+    rng = np.random.default_rng(n)
+    x, ct = (rng.standard_normal(n).astype(np.float32) * 3 for _ in range(2))
+    x64 = x.astype(np.float64)
+    if approximate == "tanh":
+        want = gelu_tanh64(x)
+        u = np.sqrt(2 / np.pi) * (x64 + 0.044715 * x64 ** 3)
+        du = np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * x64 ** 2)
+        grad = 0.5 * (1 + np.tanh(u)) + 0.5 * x64 * (1 - np.tanh(u) ** 2) * du
+    else:
+        want = 0.5 * x64 * (1 + erf(x64 / np.sqrt(2)))
+        grad = 0.5 * (1 + erf(x64 / np.sqrt(2))) + x64 * np.exp(-x64 ** 2 / 2) / np.sqrt(2 * np.pi)
+    out = torch.empty(n)
+    assert torch_gelu_out(torch.from_numpy(x), approximate=approximate, out=out) is out
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=3e-6)
+    torch_gelu_grad_out(torch.from_numpy(ct), torch.from_numpy(x), approximate=approximate,
+                        out=out)
+    np.testing.assert_allclose(out.numpy(), ct * grad, rtol=1e-5, atol=1e-5)
+
+
+def test_div_and_select_into_the_buffer_broadcast():
+    from tgx.backends.torch_backend import torch_div_out, torch_select_out
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4, 3, 5)).astype(np.float32)
+    y = rng.uniform(0.5, 2, (3, 1)).astype(np.float32)
+    out = torch.empty(4, 3, 5)
+    torch_div_out(torch.from_numpy(x), torch.from_numpy(y), out=out)
+    np.testing.assert_allclose(out.numpy(), x.astype(np.float64) / y, rtol=1e-6)
+    pred = rng.random((3, 5)) > 0.5
+    torch_select_out(torch.from_numpy(pred), torch.from_numpy(x), torch.tensor(-1.0),
+                     out=out)
+    np.testing.assert_array_equal(out.numpy(), np.where(pred, x, np.float32(-1.0)))

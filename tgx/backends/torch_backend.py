@@ -549,3 +549,50 @@ def torch_linear_out(x, w, *b, out):
     if b:
         out.add_(b[0])
     return out
+
+
+# -- out= forms of kernels whose results are large in training steps: a result written into
+# the plan's buffer instead of fresh memory (`CostModel.fresh_output_s`) ----------------------
+def _float_only(avals, params):
+    if any(not np.issubdtype(a.dtype, np.floating) and a.dtype != bfloat16 for a in avals):
+        return "float operands only"
+    return None
+
+
+def _select_ok(avals, params):
+    return _no_uint32(avals, params) or (
+        None if avals[1].dtype == avals[2].dtype else "branches of one dtype")
+
+
+def _same_shape_float(avals, params):
+    if avals[0].shape != avals[1].shape:
+        return "operands of one shape (aten.gelu_backward does not broadcast)"
+    return _float_only(avals, params)
+
+
+@register_kernel("div", NAME, checker=_float_only, variant="out", writes_out=True,
+                 inplace_ok=True)
+def torch_div_out(x, y, *, out):
+    return torch.div(x, y, out=out)
+
+
+@register_kernel("select", NAME, checker=_select_ok, variant="out", writes_out=True)
+def torch_select_out(pred, t, f, *, out):
+    return torch.where(pred, t, f, out=out)
+
+
+@register_kernel("gelu", NAME, checker=_float_only, variant="out", writes_out=True)
+def torch_gelu_out(x, *, approximate, out):
+    if approximate == "tanh" and not x.is_cuda and x.numel() >= 32768:
+        k = 2 * 0.7978845608028654   # x * sigmoid(2z), as `gelu_tanh_cpu`, into `out`
+        torch.mul(x, x, out=out)
+        out.mul_(0.044715 * k).add_(k).mul_(x)
+        torch.sigmoid_(out)
+        return out.mul_(x)
+    return torch.ops.aten.gelu.out(x, approximate=approximate, out=out)
+
+
+@register_kernel("gelu_grad", NAME, checker=_same_shape_float, variant="out", writes_out=True)
+def torch_gelu_grad_out(ct, x, *, approximate, out):
+    return torch.ops.aten.gelu_backward.grad_input(ct, x, approximate=approximate,
+                                                   grad_input=out)
