@@ -316,3 +316,31 @@ def test_div_and_select_into_the_buffer_broadcast():
     torch_select_out(torch.from_numpy(pred), torch.from_numpy(x), torch.tensor(-1.0),
                      out=out)
     np.testing.assert_array_equal(out.numpy(), np.where(pred, x, np.float32(-1.0)))
+
+
+@pytest.mark.parametrize("rows", [1, 200])
+def test_pattern_kernels_write_into_a_given_buffer(rows):
+    """The torch pattern kernels are `writes_out`: with `out=` they fill the plan's buffer
+    and compute what they return without it."""
+    from tgx.backends.torch_backend import torch_rotary_out
+
+    rng = np.random.default_rng(rows)
+    t = lambda *s: torch.from_numpy(rng.standard_normal(s).astype(np.float32))  # noqa: E731
+    x, h, w = t(rows, 640), t(rows, 640), t(640)
+    a, b = t(rows, 2048), t(rows, 2048)
+    cases = [(TP.rms_norm_1p, (h, w), {"eps": 1e-6}),
+             (TP.residual_rms_norm, (x, h, w), {"eps": 1e-6}),
+             (TP.residual_rms_norm_1p, (x, h, w), {"eps": 1e-5}),
+             (TP.gelu_tanh_gate, (a, b), {})]
+    for fn, args, kw in cases:
+        want = fn(*args, **kw)
+        out = torch.empty_like(want)
+        assert fn(*args, **kw, out=out) is out
+        np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-6, atol=1e-6)
+    q, cos, sin = t(4, rows, 256), t(rows, 256), t(rows, 256)
+    out = torch.empty(4, rows, 256)
+    torch_rotary_out(q, cos, sin, out=out)
+    q64 = q.double().numpy()
+    rot = np.concatenate([-q64[..., 128:], q64[..., :128]], -1)
+    np.testing.assert_allclose(out.numpy(), q64 * cos.numpy() + rot * sin.numpy(), rtol=1e-5,
+                               atol=1e-5)

@@ -596,3 +596,14 @@ def torch_gelu_out(x, *, approximate, out):
 def torch_gelu_grad_out(ct, x, *, approximate, out):
     return torch.ops.aten.gelu_backward.grad_input(ct, x, approximate=approximate,
                                                    grad_input=out)
+
+
+@register_kernel("apply_rotary_emb", NAME, checker=_float_only, variant="out",
+                 writes_out=True)
+def torch_rotary_out(x, cos, sin, *, out):
+    """RoPE into the plan's buffer: `x * cos`, then each half's rotated term in place."""
+    h = x.shape[-1] // 2
+    torch.mul(x, cos, out=out)
+    out[..., :h].addcmul_(x[..., h:], sin[..., :h], value=-1)
+    out[..., h:].addcmul_(x[..., :h], sin[..., h:])
+    return out

@@ -59,65 +59,69 @@ def extension():
                 extra_cuda_cflags=["-DTGX_TORCH_EXTENSION", "-O3"], verbose=False)
 
 
-def _norm(x, h, w, eps: float, plus: float):
+def _norm(x, h, w, eps: float, plus: float, out=None):
     import torch
 
     if h.is_cuda and h.dtype == torch.float32 and w.dtype == torch.float32:
         CUDA_CALLS[0] += 1
-        return extension().residual_rms_norm(h if x is None else x, h, w, float(eps),
-                                             float(plus), x is not None)
+        y = extension().residual_rms_norm(h if x is None else x, h, w, float(eps),
+                                          float(plus), x is not None)
+        return y if out is None else out.copy_(y)
     # the mean square from one reduction (`vector_norm`, squared back on the (rows, 1)
     # result), the residual add fused into `addcmul`: 3 passes over h where square, mean,
     # two multiplies and an add made 5 (128x640, residual: 37.3 -> 28.8 µs)
     r = torch.linalg.vector_norm(h, dim=-1, keepdim=True)
     r = r.square_().mul_(1.0 / h.shape[-1]).add_(eps).rsqrt_()
-    y = torch.mul(h, r)
-    return y.mul_(w + plus) if x is None else torch.addcmul(x, y, w + plus)
+    if x is None:
+        return torch.mul(h, r, out=out).mul_(w + plus)
+    return torch.addcmul(x, torch.mul(h, r), w + plus, out=out)
 
 
-def rms_norm_1p(h, w, *, eps):
-    """`rms_norm(h, 1 + w)` over the last axis."""
-    return _norm(None, h, w, eps, 1.0)
+def rms_norm_1p(h, w, *, eps, out=None):
+    """`rms_norm(h, 1 + w)` over the last axis (into `out` where given: the plan's buffer)."""
+    return _norm(None, h, w, eps, 1.0, out)
 
 
-def residual_rms_norm(x, h, w, *, eps):
+def residual_rms_norm(x, h, w, *, eps, out=None):
     """`x + rms_norm(h, w)` over the last axis."""
-    return _norm(x, h, w, eps, 0.0)
+    return _norm(x, h, w, eps, 0.0, out)
 
 
-def residual_rms_norm_1p(x, h, w, *, eps):
+def residual_rms_norm_1p(x, h, w, *, eps, out=None):
     """`x + rms_norm(h, 1 + w)` over the last axis."""
-    return _norm(x, h, w, eps, 1.0)
+    return _norm(x, h, w, eps, 1.0, out)
 
 
-def gelu_tanh_cpu(x, gate=None):
+def gelu_tanh_cpu(x, gate=None, out=None):
     """`gelu(x, approximate="tanh")` (times `gate`) on the CPU as `x * sigmoid(2z)`, the same
     function as `0.5 x (1 + tanh z)`, in place in one buffer: torch's own CPU kernel for the
     tanh form took 206 us on a (128, 2048) float32 tensor, this 111 (erf's GELU: 50). Below
     ~32k elements its six calls cost more than they save (one row of 2048, gated: 11.8 us
-    against 5.2), so small tensors keep torch's kernel."""
+    against 5.2), so small tensors keep torch's kernel. `out`: the buffer to write."""
     import torch
 
     if x.numel() < 32768:
-        y = torch.nn.functional.gelu(x, approximate="tanh")
+        y = torch.ops.aten.gelu.out(x, approximate="tanh", out=out) if out is not None \
+            else torch.nn.functional.gelu(x, approximate="tanh")
         return y if gate is None else y.mul_(gate)
     k = 2 * 0.7978845608028654   # 2 sqrt(2 / pi)
-    z = x * x
+    z = torch.mul(x, x, out=out)
     z.mul_(0.044715 * k).add_(k).mul_(x)
     torch.sigmoid_(z)
     z.mul_(x)
     return z if gate is None else z.mul_(gate)
 
 
-def gelu_tanh_gate(a, b):
+def gelu_tanh_gate(a, b, out=None):
     """`gelu(a, approximate="tanh") * b` (a GeGLU's gate): in one buffer on the CPU
     (`gelu_tanh_cpu`: 135 us at (128, 2048) against 242 for `F.gelu` and a
     multiply), `F.gelu` on a GPU, where it is one fused kernel."""
+    import torch
     import torch.nn.functional as F
 
     if a.is_cuda:
-        return F.gelu(a, approximate="tanh") * b
-    return gelu_tanh_cpu(a, b)
+        return torch.mul(F.gelu(a, approximate="tanh"), b, out=out)
+    return gelu_tanh_cpu(a, b, out)
 
 
 for _name, _fn, _checker in (("rms_norm_1p", rms_norm_1p, _float32),
@@ -125,7 +129,9 @@ for _name, _fn, _checker in (("rms_norm_1p", rms_norm_1p, _float32),
                              ("residual_rms_norm_1p", residual_rms_norm_1p, _same_shape),
                              ("gelu_tanh_gate", gelu_tanh_gate, _same_shape)):
     _forms = LazyForms(functools.partial(pattern_forms, _name))
-    add_kernel(Kernel(_name, NAME, _fn, _checker, "fused", pattern=_forms))
+    # written into the plan's buffer: a fresh result costs a pass in a plan
+    # (`CostModel.fresh_output_s`)
+    add_kernel(Kernel(_name, NAME, _fn, _checker, "fused", writes_out=True, pattern=_forms))
 
 
 def _adam_pattern(p, g, m, v, nss, bc2, c1, b2, c2, eps):
