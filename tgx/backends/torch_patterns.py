@@ -201,8 +201,10 @@ def _adam_step(p, g, m, v, scalars, dr, outs):
     P, M, V = new
     s = [float(x) for x in scalars]
     dr = float(dr) if dr is not None else 0.0
+    if not g.is_contiguous():   # a transposed gradient (x.T @ dy, transposed): one copy,
+        g = g.contiguous()      # where the formulas op by op made seven passes
     args = _fused_adam_args(*s, dr) if all(
-        t.is_contiguous() for t in (P, g, M, V)) and g.device == P.device else None
+        t.is_contiguous() for t in (P, M, V)) and g.device == P.device else None
     if args is not None:
         step = torch.tensor(args.pop("step"), dtype=torch.float32, device=P.device)
         fused = torch._fused_adamw_ if dr else torch._fused_adam_
