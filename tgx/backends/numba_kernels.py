@@ -37,6 +37,7 @@ import ml_dtypes
 import numpy as np
 
 from .numba_intrinsics import prefetch as make_prefetch
+from .numpy_library import trim_masked_keys
 from .registry import Prepare, register_kernel
 
 HAVE_NUMBA = importlib.util.find_spec("numba") is not None
@@ -402,6 +403,9 @@ def attention_f32(q, k, v, *mask, has_mask, is_causal, scale, enable_gqa, out=No
     """Scaled dot-product attention of a few query rows over a KV cache, key/value heads
     shared by groups of query heads, one pass over the keys per query head (float32)."""
     e = q.shape[-1]
+    if has_mask and not is_causal:   # the cache's positions no query sees
+        k, v, m0 = trim_masked_keys(k, v, mask[0])
+        mask = (m0,)
     q3 = np.ascontiguousarray(q.reshape(q.shape[-3:]))
     k3 = np.ascontiguousarray(k.reshape(k.shape[-3:]))
     v3 = np.ascontiguousarray(v.reshape(v.shape[-3:]))

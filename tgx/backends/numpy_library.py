@@ -146,12 +146,35 @@ def _sdpa_ok(avals, params):
     return _float_operands(avals[:3], params)
 
 
+def trim_masked_keys(k, v, mask):
+    """(k, v, mask) without the trailing keys a boolean `mask` hides from every query: they
+    get weight exp(-inf) = 0, so attention over the rest is the same. A KV cache holds fewer
+    valid positions than its size (Gemma's decode: 129 of 256), which a shape cannot say (the
+    position is a traced value); the mask says it. Where no key is visible, or little would
+    be trimmed, everything stays (`torch_backend.trim_masked_keys` is torch's twin).
+
+    >>> k = np.zeros((1, 80, 4), np.float32); m = np.zeros((2, 80), bool); m[:, :10] = True
+    >>> [a.shape for a in trim_masked_keys(k, k, m)]
+    [(1, 10, 4), (1, 10, 4), (2, 10)]
+    """
+    s = mask.shape[-1]
+    if mask.dtype != np.bool_ or s < 64 or k.shape[-2] != s:
+        return k, v, mask
+    seen = np.flatnonzero(mask.reshape(-1, s).any(0))
+    n = int(seen[-1]) + 1 if seen.size else s
+    if n > s - 16:   # too little to gain
+        return k, v, mask
+    return k[..., :n, :], v[..., :n, :], mask[..., :n]
+
+
 @register_kernel("scaled_dot_product_attention", NAME, checker=_sdpa_ok, variant="library")
 def numpy_sdpa(q, k, v, *mask, has_mask, is_causal, scale, enable_gqa):
     """Grouped-query attention without repeating keys: the query heads that share a key/value
     head are stacked into one (reps * L, E) matrix, so each key/value head is one matmul."""
-    return sdpa_with(masked_softmax, q, k, v, mask[0] if has_mask else None, is_causal,
-                     scale, enable_gqa)
+    m = mask[0] if has_mask else None
+    if m is not None and not is_causal:
+        k, v, m = trim_masked_keys(k, v, m)
+    return sdpa_with(masked_softmax, q, k, v, m, is_causal, scale, enable_gqa)
 
 
 #: keys up to this many elements are copied transposed before the product of the scores:

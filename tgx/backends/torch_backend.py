@@ -351,6 +351,24 @@ def torch_copy_to(x, *, backend="torch", device="cpu"):
     return BACKEND.convert(x, device)
 
 
+def trim_masked_keys(k, v, mask):
+    """(k, v, mask) without the trailing keys that a boolean `mask` hides from every query:
+    they get weight exp(-inf) = 0, so attention over the rest is the same. A KV cache of
+    T_MAX positions holds fewer valid ones (Gemma's prefill: 128 of 256), which a shape
+    cannot say (the position is a traced value): the kernel reads it from the mask (~10 µs
+    for 128x256) and attends over half the keys. On the CPU only (reading the mask would
+    make a GPU wait), and only where some key is visible (a fully masked row stays as the
+    library computes it)."""
+    s = mask.shape[-1]
+    if mask.dtype != torch.bool or mask.is_cuda or s < 64 or k.shape[-2] != s:
+        return k, v, mask
+    seen = mask.reshape(-1, s).any(0)
+    n = int(seen.nonzero().max()) + 1 if bool(seen.any()) else s
+    if n > s - 16:   # too little to gain
+        return k, v, mask
+    return k[..., :n, :], v[..., :n, :], mask[..., :n]
+
+
 # -- composites with a dedicated torch kernel (registered only if the primitive exists) ------
 def _composite_table():
     import torch.nn.functional as F
@@ -385,16 +403,17 @@ def _composite_table():
         return F.rms_norm(x, tuple(normalized_shape), w[0] if has_weight else None, eps)
 
     def sdpa(q, k, v, *mask, has_mask, is_causal, scale, enable_gqa):
+        m = mask[0] if has_mask else None
+        if m is not None:
+            k, v, m = trim_masked_keys(k, v, m)
         # torch's CPU fused kernel takes 4-D (batch, heads, L, E); other ranks go to the math
         # path (measured: one decode token, 4 heads over 256 keys: 0.08 ms 4-D, 0.4 ms 3-D)
         if q.ndim == k.ndim == v.ndim == 3:
-            m = mask[0] if has_mask else None
             return F.scaled_dot_product_attention(
                 q[None], k[None], v[None], attn_mask=m if m is None or m.ndim < 3 else m[None],
                 is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)[0]
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[0] if has_mask else None,
-                                              is_causal=is_causal, scale=scale,
-                                              enable_gqa=enable_gqa)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, is_causal=is_causal,
+                                              scale=scale, enable_gqa=enable_gqa)
 
     def sdpa_ok(avals, params):
         if params.get("has_mask") and params.get("is_causal"):
