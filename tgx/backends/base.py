@@ -43,6 +43,11 @@ class Backend:
     fuses_regions: bool = False
     #: `out=` kernels may write into views of tgx's host workspace
     writes_workspace: bool = False
+    #: a kernel allocating its result pays a pass over it when the selection chooses among
+    #: this backend's kernels (`CostModel.fresh_output_s`): measured on torch; on NumPy it
+    #: tipped 64-row GEMMs to the slow reference `linear` (the demo's NumPy plan 0.70 ->
+    #: 1.08 ms), whose figures are close to BLAS's at those sizes
+    prices_fresh_outputs: bool = False
     #: a call may return before it has read its host inputs (asynchronous dispatch): a state
     #: buffer it reads cannot be overwritten in place right after
     reads_host_async: bool = False

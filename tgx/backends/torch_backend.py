@@ -471,6 +471,7 @@ class TorchBackend(Backend):
 
     name, library = NAME, "torch"
     writes_workspace = True
+    prices_fresh_outputs = True
     # a 1-element add through torch ≈ 4 µs; ~10 GB/s; peak from a 512³ matmul
     cost = (4.0e-6, 10e9, 4e10)
     # torch.from_numpy shares memory; jax → torch through DLPack (measured, 64x256 float32)

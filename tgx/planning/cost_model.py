@@ -271,21 +271,22 @@ class CostModel:
         torch (torch's profiler, per GEMM): (512, 256) x (256, 1024) 1150 µs allocating its
         2 MiB result against 712 for torch.compile's `mm(out=)`, (512, 1024) x (1024, 256)
         840 against 747, (256, 512) x (512, 1024) 1054 against 815: 9 ms of a 69 ms step.
-        Only used to choose among one backend's kernels of an equation (`_Selector`), and
-        only for results of `FRESH_OUTPUT_BYTES` or more.
+        Only used to choose among one backend's kernels of an equation (`_Selector`), only
+        for results of `FRESH_OUTPUT_BYTES` or more, and only on backends that ask for it
+        (`Backend.prices_fresh_outputs`: torch).
 
         >>> import tgx
         >>> from tgx.backends.registry import kernels_for
         >>> g = tgx.make_graph(lambda a, b: a + b)(tgx.Spec((256, 1024)), tgx.Spec((256, 1024)))
-        >>> ks = {k.writes_out: k for k in kernels_for("add", "numpy")}
+        >>> ks = {k.writes_out: k for k in kernels_for("add", "torch")}
         >>> cm = CostModel()
         >>> cm.fresh_output_s(g.eqns[0], ks[True], {})
         0.0
-        >>> round(cm.fresh_output_s(g.eqns[0], ks[False], {}) * 1e6)   # 1 MiB at 8 GB/s
-        131
+        >>> round(cm.fresh_output_s(g.eqns[0], ks[False], {}) * 1e6)   # 1 MiB at 10 GB/s
+        105
         """
         if kernel.writes_out or kernel.outs_into or kernel.returns_view or \
-                get_backend(kernel.backend).fuses_regions:
+                not get_backend(kernel.backend).prices_fresh_outputs:
             return 0.0
         env = name_binding(dims)
         nbytes = sum(_nbytes(v.aval, env) for v in eqn.outvars)
