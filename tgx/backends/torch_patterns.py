@@ -1,15 +1,16 @@
-"""Pattern kernels of the torch backend: the RMSNorm family as one CUDA kernel on a GPU, one
-torch expression elsewhere; a GeGLU's gate (`gelu_tanh_gate`) in one buffer on the CPU;
-Adam's update of one parameter as torch's fused Adam kernel.
+"""Pattern kernels of the torch backend: the RMSNorm family as one CUDA kernel on a GPU, three
+passes of torch calls elsewhere; a GeGLU's gate (`gelu_tanh_gate`) in one buffer on the CPU;
+Adam's and AdamW's update of one parameter as torch's fused Adam kernels. All write into the
+plan's buffers (`writes_out`, `outs_into`).
 
 `rms_norm_1p`, `residual_rms_norm` and `residual_rms_norm_1p` (the patterns of
 `tgx.backends.numba_patterns`: Gemma's `(1 + w)` norms and the residual add of a normalised
 branch) on torch tensors. On CUDA float32 tensors they run `cuda/rms_norm.cu` — one block per
 row, a warp-shuffle reduction, the residual add and the `1 + w` fused into the write —
 built as a torch extension on first use (`torch.utils.cpp_extension`, cached by torch in its
-extensions directory). Anywhere else (CPU tensors, other dtypes) they compute the same in one
-torch expression. A test compiles the CUDA source with nvcc where there is no GPU; the `cuda`
-tests run it against float64.
+extensions directory). Anywhere else (CPU tensors, other dtypes) they compute the same with
+torch calls: the mean square from one `vector_norm`, the residual add in `addcmul`. A test
+compiles the CUDA source with nvcc where there is no GPU; the `cuda` tests run it against float64.
 
 `adam_update` is the step `tgx.optim.adam` (amsgrad off) and `apply_updates` trace into, per
 parameter: `m' = m + c1 (g - m)`, `v' = b2 v + c2 g²`, `p' = p + nss · m' / (sqrt(v') / bc2 +

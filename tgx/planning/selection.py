@@ -27,9 +27,8 @@ backend (copies are shared, as `rebackend` does); graph inputs live on NumPy, ou
 
 from __future__ import annotations
 
-import math
-
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import ml_dtypes
