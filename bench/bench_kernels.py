@@ -44,6 +44,7 @@ import time
 import numpy as np
 
 import tgx
+from tgx.core import Literal
 from tgx.profiling.timing import round_orders
 import tgx.nn as tnn
 import tgx.numpy as tnp
@@ -384,7 +385,7 @@ def torch_contenders(name, spec, rows):
     targs = [torch.from_numpy(np.array(a)) for a in args]
     # the pattern's inputs the function holds as literals (Adam's constants) come last
     lits = [torch.tensor(a.val, dtype=torch.float32) for a in plan.graph.eqns[i].invars
-            if not hasattr(a, "id")]
+            if isinstance(a, Literal)]
     if name == "adam_update":   # in place into its own copies of p, m, v, as in a plan
         work = [t.clone() for t in targs]   # (later calls step on from the last one's state)
 

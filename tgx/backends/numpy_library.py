@@ -146,23 +146,34 @@ def _sdpa_ok(avals, params):
     return _float_operands(avals[:3], params)
 
 
+def visible_keys(mask) -> int | None:
+    """How many leading keys a boolean `mask` (..., keys) leaves some query to see, where
+    trimming the rest is worth it; None where it is not (fewer than 64 keys, fewer than 16
+    hidden at the end, or none visible: a fully masked row stays as the library computes it).
+    """
+    s = mask.shape[-1]
+    if s < 64:
+        return None
+    seen = np.flatnonzero(mask.reshape(-1, s).any(0))
+    n = int(seen[-1]) + 1 if seen.size else s
+    return None if n > s - 16 else n
+
+
 def trim_masked_keys(k, v, mask):
     """(k, v, mask) without the trailing keys a boolean `mask` hides from every query: they
     get weight exp(-inf) = 0, so attention over the rest is the same. A KV cache holds fewer
     valid positions than its size (Gemma's decode: 129 of 256), which a shape cannot say (the
-    position is a traced value); the mask says it. Where no key is visible, or little would
-    be trimmed, everything stays (`torch_backend.trim_masked_keys` is torch's twin).
+    position is a traced value); the mask says it (`visible_keys`;
+    `torch_backend.trim_masked_keys` is torch's twin).
 
     >>> k = np.zeros((1, 80, 4), np.float32); m = np.zeros((2, 80), bool); m[:, :10] = True
     >>> [a.shape for a in trim_masked_keys(k, k, m)]
     [(1, 10, 4), (1, 10, 4), (2, 10)]
     """
-    s = mask.shape[-1]
-    if mask.dtype != np.bool_ or s < 64 or k.shape[-2] != s:
+    if mask.dtype != np.bool_ or k.shape[-2] != mask.shape[-1]:
         return k, v, mask
-    seen = np.flatnonzero(mask.reshape(-1, s).any(0))
-    n = int(seen[-1]) + 1 if seen.size else s
-    if n > s - 16:   # too little to gain
+    n = visible_keys(mask)
+    if n is None:
         return k, v, mask
     return k[..., :n, :], v[..., :n, :], mask[..., :n]
 

@@ -24,6 +24,7 @@ from ..primitives.movement import dynamic_window
 from ..shapes import ShapedArray, bfloat16, uint32
 from . import composites
 from .base import Backend
+from .numpy_library import visible_keys
 from .registry import (
     Kernel, add_kernel, as_method, matmul_layout_reason, matmul_permutations, register_kernel,
 )
@@ -351,6 +352,18 @@ def torch_copy_to(x, *, backend="torch", device="cpu"):
     return BACKEND.convert(x, device)
 
 
+def rotary_into(x, cos, sin, out):
+    """RoPE (`x * cos + rotate_half(x) * sin`) written into `out` (of the broadcast shape):
+    `x * cos`, then each half's rotated term added in place: 3 torch calls where the
+    decomposition (slices, neg, concatenate, muls, add) runs 7 (Gemma prefill's q and k:
+    ~4 ms of 18 layers' 150)."""
+    h = x.shape[-1] // 2
+    torch.mul(x, cos, out=out)
+    out[..., :h].addcmul_(x[..., h:], sin[..., :h], value=-1)
+    out[..., h:].addcmul_(x[..., :h], sin[..., h:])
+    return out
+
+
 def trim_masked_keys(k, v, mask):
     """(k, v, mask) without the trailing keys that a boolean `mask` hides from every query:
     they get weight exp(-inf) = 0, so attention over the rest is the same. A KV cache of
@@ -359,14 +372,16 @@ def trim_masked_keys(k, v, mask):
     for 128x256) and attends over half the keys. On the CPU only (reading the mask would
     make a GPU wait), and only where some key is visible (a fully masked row stays as the
     library computes it)."""
-    s = mask.shape[-1]
-    if mask.dtype != torch.bool or mask.is_cuda or s < 64 or k.shape[-2] != s:
+    if mask.dtype != torch.bool or mask.is_cuda or k.shape[-2] != mask.shape[-1]:
         return k, v, mask
-    seen = mask.reshape(-1, s).any(0)
-    n = int(seen.nonzero().max()) + 1 if bool(seen.any()) else s
-    if n > s - 16:   # too little to gain
+    n = visible_keys(mask.numpy())   # a view of the CPU tensor
+    if n is None:
         return k, v, mask
     return k[..., :n, :], v[..., :n, :], mask[..., :n]
+
+
+def _same_shape(avals, params):  # aten.gelu_backward does not broadcast
+    return None if avals[0].shape == avals[1].shape else "operands of different shapes"
 
 
 # -- composites with a dedicated torch kernel (registered only if the primitive exists) ------
@@ -389,9 +404,6 @@ def _composite_table():
 
     def gelu_grad(ct, x, *, approximate):  # what torch's autograd runs for gelu
         return torch.ops.aten.gelu_backward(ct, x, approximate=approximate)
-
-    def same_shape(avals, params):  # aten.gelu_backward does not broadcast
-        return None if avals[0].shape == avals[1].shape else "operands of different shapes"
 
     def layer_norm(x, *wb, normalized_shape, eps, has_weight, has_bias):
         wb = list(wb)
@@ -424,16 +436,9 @@ def _composite_table():
         return F.linear(x, w, b[0] if b else None)
 
     def rotary(x, cos, sin):
-        # x * cos, then each half's rotated term added in place: 3 kernels where the
-        # decomposition (slices, neg, concatenate, muls, add) runs 7 (Gemma prefill's q and k:
-        # ~4 ms of 18 layers' 150)
-        h = x.shape[-1] // 2
         out = torch.empty(torch.broadcast_shapes(x.shape, cos.shape, sin.shape), dtype=x.dtype,
                           device=x.device)
-        torch.mul(x, cos, out=out)
-        out[..., :h].addcmul_(x[..., h:], sin[..., :h], value=-1)
-        out[..., h:].addcmul_(x[..., :h], sin[..., h:])
-        return out
+        return rotary_into(x, cos, sin, out)
 
     def conv(x, w, *b, stride, padding, dilation, groups):
         n = w.ndim - 2
@@ -456,7 +461,7 @@ def _composite_table():
         "softmax": (softmax, {"axis"}), "log_softmax": (log_softmax, {"axis"}),
         "logsumexp": (logsumexp, {"axes", "keepdims"}), "relu": (torch.relu, set()),
         "sigmoid": (torch.sigmoid, set()), "tanh": (torch.tanh, set()), "silu": (F.silu, set()),
-        "gelu": (gelu, {"approximate"}), "gelu_grad": (gelu_grad, {"approximate"}, same_shape),
+        "gelu": (gelu, {"approximate"}), "gelu_grad": (gelu_grad, {"approximate"}, _same_shape),
         "layer_norm": (layer_norm, {"normalized_shape", "eps", "has_weight", "has_bias"}),
         "rms_norm": (rms_norm, {"normalized_shape", "eps", "has_weight"}),
         "scaled_dot_product_attention": (
@@ -584,12 +589,6 @@ def _select_ok(avals, params):
         None if avals[1].dtype == avals[2].dtype else "branches of one dtype")
 
 
-def _same_shape_float(avals, params):
-    if avals[0].shape != avals[1].shape:
-        return "operands of one shape (aten.gelu_backward does not broadcast)"
-    return _float_only(avals, params)
-
-
 @register_kernel("div", NAME, checker=_float_only, variant="out", writes_out=True,
                  inplace_ok=True)
 def torch_div_out(x, y, *, out):
@@ -603,13 +602,13 @@ def torch_select_out(pred, t, f, *, out):
 
 @register_kernel("gelu", NAME, checker=_float_only, variant="out", writes_out=True)
 def torch_gelu_out(x, *, approximate, out):
-    if approximate == "tanh" and not x.is_cuda and x.numel() >= 32768:
-        k = 2 * 0.7978845608028654   # x * sigmoid(2z), as `gelu_tanh_cpu`, into `out`
-        torch.mul(x, x, out=out)
-        out.mul_(0.044715 * k).add_(k).mul_(x)
-        torch.sigmoid_(out)
-        return out.mul_(x)
+    if approximate == "tanh" and not x.is_cuda:
+        return gelu_tanh_cpu(x, out=out)
     return torch.ops.aten.gelu.out(x, approximate=approximate, out=out)
+
+
+def _same_shape_float(avals, params):
+    return _same_shape(avals, params) or _float_only(avals, params)
 
 
 @register_kernel("gelu_grad", NAME, checker=_same_shape_float, variant="out", writes_out=True)
@@ -621,9 +620,5 @@ def torch_gelu_grad_out(ct, x, *, approximate, out):
 @register_kernel("apply_rotary_emb", NAME, checker=_float_only, variant="out",
                  writes_out=True)
 def torch_rotary_out(x, cos, sin, *, out):
-    """RoPE into the plan's buffer: `x * cos`, then each half's rotated term in place."""
-    h = x.shape[-1] // 2
-    torch.mul(x, cos, out=out)
-    out[..., :h].addcmul_(x[..., h:], sin[..., :h], value=-1)
-    out[..., h:].addcmul_(x[..., :h], sin[..., h:])
-    return out
+    """RoPE into the plan's buffer (`rotary_into`)."""
+    return rotary_into(x, cos, sin, out)
