@@ -82,8 +82,9 @@ def test_tgx_xla_cache_moves_or_switches_off_the_executables_alone(monkeypatch, 
     monkeypatch.setenv("TGX_KERNEL_CACHE", str(tmp_path / "k"))
     monkeypatch.setenv("TGX_XLA_CACHE", str(tmp_path / "x"))
     assert X.cache_dir() == tmp_path / "x" and kernel_cache_dir() == tmp_path / "k"
-    monkeypatch.setenv("TGX_XLA_CACHE", "off")
-    assert X.cache_dir() is None and kernel_cache_dir() == tmp_path / "k"
+    for off in ("off", "0", "False", "no"):   # as users spell "off" (0 was a directory)
+        monkeypatch.setenv("TGX_XLA_CACHE", off)
+        assert X.cache_dir() is None and kernel_cache_dir() == tmp_path / "k"
     monkeypatch.setenv("TGX_XLA_CACHE", " ")
     assert X.cache_dir() == tmp_path / "k" / "xla"
 

@@ -21,7 +21,7 @@ import platform
 import tempfile
 
 #: ``$TGX_KERNEL_CACHE`` values (any case) that turn the kernel cache off
-OFF = ("off", "none")  # as ``$TGX_STORE``'s
+OFF = ("off", "none", "0", "false", "no")  # as ``$TGX_STORE``'s
 
 
 def kernel_cache_dir() -> pathlib.Path | None:

@@ -36,7 +36,7 @@ _SECRET_PARAMS = ("password", "sslpassword", "passfile_password")
 
 
 #: ``$TGX_STORE`` values (any case) that turn the default store off
-OFF = ("off", "none")
+OFF = ("off", "none", "0", "false", "no")
 
 
 def store_disabled() -> bool:
