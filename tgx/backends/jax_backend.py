@@ -308,24 +308,51 @@ class JaxBackend(Backend):
         return jax.devices()[0] == _jax_device(device)
 
     def region(self, steps, in_ids, out_ids):
-        def run(*xs):
-            env = dict(zip(in_ids, xs))
-            for fn, params, e in steps:
-                args = [jnp.asarray(a.val, a.aval.dtype) if isinstance(a, Literal) else env[a.id]
-                        for a in e.invars]
-                r = fn(*args, **params)
-                if not e.primitive.multiple_results or not isinstance(r, (list, tuple)):
-                    r = [r]  # (a pattern kernel of one output returns it bare)
-                for v, o in zip(e.outvars, r):
-                    env[v.id] = o
-            return tuple(env[i] for i in out_ids)
+        def program(ids):
+            """The region computing `ids` (its outputs, in this order), and its description."""
+            def run(*xs):
+                env = dict(zip(in_ids, xs))
+                for fn, params, e in steps:
+                    args = [jnp.asarray(a.val, a.aval.dtype) if isinstance(a, Literal)
+                            else env[a.id] for a in e.invars]
+                    r = fn(*args, **params)
+                    if not e.primitive.multiple_results or not isinstance(r, (list, tuple)):
+                        r = [r]  # (a pattern kernel of one output returns it bare)
+                    for v, o in zip(e.outvars, r):
+                        env[v.id] = o
+                return tuple(env[i] for i in ids)
 
-        # the executable may come from the disk cache (`xla_cache`): described once, lazily
-        description = functools.cache(lambda: xla_cache.describe(steps, in_ids, out_ids))
-        call = xla_cache.persistent(run, description)
-        # the same region taking over the arguments at `argnums`
-        call.donating = functools.cache(
-            lambda argnums: xla_cache.persistent(run, description, argnums))
+            # the executable may come from the disk cache (`xla_cache`): described once, lazily
+            return run, functools.cache(lambda: xla_cache.describe(steps, in_ids, ids))
+
+        call = xla_cache.persistent(*program(out_ids))
+
+        @functools.cache
+        def donating(pairs: tuple):
+            """The region taking over its arguments: `pairs` of (argument position, result
+            position) where XLA writes the result into the argument's buffer. jax pairs a
+            donated argument with the first unpaired result of its shape and dtype, in
+            order; so the region returns the paired results first, in their arguments'
+            order, and they are put back in place after the call. Left to that rule, an
+            MLP's Adam step paired w1 with the new first moment: XLA then copied w1, and
+            the moments, to read them after their buffers were overwritten (three 1.6 MB
+            copies, 1.79 ms a step against 1.41 for jax.jit's)."""
+            pairs = sorted(pairs)
+            paired = {q for _, q in pairs}
+            order = [q for _, q in pairs] + [i for i in range(len(out_ids)) if i not in paired]
+            run = xla_cache.persistent(*program([out_ids[i] for i in order]),
+                                       tuple(p for p, _ in pairs))
+            if order == list(range(len(out_ids))):
+                return run
+            back = sorted(range(len(order)), key=order.__getitem__)  # result i: back[i]-th
+
+            def call_donating(*xs):
+                r = run(*xs)
+                return tuple(r[k] for k in back)
+
+            return call_donating
+
+        call.donating = donating
         return call
 
 

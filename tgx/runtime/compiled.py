@@ -468,10 +468,12 @@ class CompiledGraph:
             return v
         out_backend, donated = mode
         drops = self._copies_back(out_backend) if out_backend else frozenset()
-        positions: dict[int, list] = {}
+        pairs: dict[int, list] = {}
         for a in donated:
             t, p = self._donatable[a]
-            positions.setdefault(t, []).append((p, a))
+            q = self._donation_result(t, a)
+            if q is not None:
+                pairs.setdefault(t, []).append((p, q))
         # the copies back still made in this mode are the ones started together
         starts = self._starts_to_host(self._copies_to_host(), drops) if self._off_host else {}
         instrs = []
@@ -479,10 +481,8 @@ class CompiledGraph:
             fn = getattr(fn, "_starts_inner", fn)
             if t in drops:
                 fn = None
-            elif t in positions and getattr(fn, "donating", None) is not None:
-                usable = self._usable_donations(t, positions[t], spec.dims)
-                if usable:
-                    fn = fn.donating(usable)
+            elif t in pairs and getattr(fn, "donating", None) is not None:
+                fn = fn.donating(tuple(pairs[t]))
             if t in starts:
                 fn = _then_start_to_host(fn, starts[t])
             instrs.append((fn, ins, outs, dead))
@@ -490,22 +490,28 @@ class CompiledGraph:
         self._variants[(key, mode)] = v
         return v
 
-    def _usable_donations(self, t: int, candidates: list, dims: dict) -> tuple:
-        """The argument positions of region `t` worth donating: one per result of the same
-        shape and dtype (XLA reuses a donated buffer for such a result; jax warns about the
-        others)."""
-        free: dict[tuple, int] = {}
-        for aval in self.instructions[t].out_avals:
-            k = (tuple(eval_dim(d, dims) for d in aval.shape), aval.dtype)
-            free[k] = free.get(k, 0) + 1
-        usable = []
-        for p, a in sorted(candidates):
-            aval = self.in_avals[a]
-            k = (tuple(eval_dim(d, dims) for d in aval.shape), aval.dtype)
-            if free.get(k, 0) > 0:
-                free[k] -= 1
-                usable.append(p)
-        return tuple(usable)
+    def _donation_result(self, t: int, a: int) -> int | None:
+        """The position among region `t`'s results of state argument `a`'s new value (what
+        XLA should write into `a`'s donated buffer), following the copies that bring it back
+        to the host; None where another instruction computes it."""
+        o = next(o for arg, o, _ in self.state if arg == a)
+        slot = self.out_slots[o]
+        made_by = {s: k for k, ins in enumerate(self.instructions) for s in ins.outs}
+        while slot in made_by:
+            k = made_by[slot]
+            ins = self.instructions[k]
+            if k == t:
+                return ins.outs.index(slot)
+            if not self._is_copy(ins):
+                return None
+            slot = ins.ins[0]   # a copy back to the host (dropped in a donating variant)
+        return None
+
+    def _is_copy(self, ins: Instruction) -> bool:
+        """Whether `ins` is one `copy_to` between backends."""
+        return (self.graph is not None and len(ins.eqns) == 1 and len(ins.ins) == 1
+                and len(ins.outs) == 1 and ins.eqns[0] < len(self.graph.eqns)
+                and self.graph.eqns[ins.eqns[0]].primitive.name == "copy_to")
 
     def _copies_to_host(self) -> dict:
         """instruction -> the `to_host` of the immutable-array backend (jax) whose result it
@@ -517,10 +523,7 @@ class CompiledGraph:
         made_by = {s: ins.backend for ins in self.instructions for s in ins.outs}
         out = {}
         for t, ins in enumerate(self.instructions):
-            if (len(ins.eqns) == 1 and len(ins.ins) == 1 and len(ins.outs) == 1
-                    and ins.eqns[0] < len(self.graph.eqns)
-                    and self.graph.eqns[ins.eqns[0]].primitive.name == "copy_to"
-                    and get_backend(ins.backend).host and ins.ins[0] in made_by):
+            if self._is_copy(ins) and get_backend(ins.backend).host and ins.ins[0] in made_by:
                 src = get_backend(made_by[ins.ins[0]])
                 if not src.host and not src.inplace:  # jax: its results are its arrays
                     out[t] = src.to_host
