@@ -52,6 +52,17 @@ def test_constants_and_pytrees():
     np.testing.assert_array_equal(r["y"], r2["y"])
 
 
+@pytest.mark.parametrize("a", [np.array(2.5, np.float32), np.arange(6.0).reshape(2, 3).T],
+                         ids=["0-d", "transposed"])
+def test_arrays_keep_their_shape(a):
+    # (np.ascontiguousarray wrote a 0-d array as shape (1,))
+    from tgx.serialize import _array_in, _array_out
+
+    back = _array_in(_array_out(a))
+    assert back.shape == a.shape and back.dtype == a.dtype
+    np.testing.assert_array_equal(back, a)
+
+
 def test_bf16_constants():
     c = np.arange(6, dtype=np.float32).reshape(2, 3).astype(bfloat16)
     g = tgx.make_graph(lambda x: x * c)(S((2, 3), "bfloat16"))

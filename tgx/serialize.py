@@ -62,7 +62,7 @@ def _aval_in(x: list) -> ShapedArray:
 
 
 def _array_out(a: np.ndarray) -> dict:
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a, order="C")   # (np.ascontiguousarray makes a 0-d array 1-d)
     return {"__t": "array", "dtype": a.dtype.name, "shape": list(a.shape), "data": a.tobytes()}
 
 

@@ -40,6 +40,22 @@ def test_round_trip_exact(src, dst, dtype, rng):
     np.testing.assert_array_equal(back.view(np.uint8), x.view(np.uint8))
 
 
+@pytest.mark.parametrize("dst", [b for b in BACKENDS if b != "numpy"])
+@pytest.mark.parametrize("shape", [(), (1,), (3,), (2, 3)])
+@pytest.mark.parametrize("kind", ["read-only", "transposed", "plain"])
+def test_conversion_keeps_the_shape(dst, shape, kind):
+    # a jax result seen through NumPy is read-only: torch took a 0-d one as shape (1,)
+    # (np.ascontiguousarray), which turned an optimizer's step count into a vector
+    x = np.arange(1, 1 + int(np.prod(shape)), dtype=np.float32).reshape(shape)
+    if kind == "transposed":
+        x = x.T
+    elif kind == "read-only":
+        x.flags.writeable = False
+    y = get_backend(dst).convert(x)
+    assert tuple(y.shape) == x.shape
+    np.testing.assert_array_equal(to_host(y), x)
+
+
 def test_numpy_torch_is_zero_copy():
     pytest.importorskip("torch")
     x = np.arange(6, dtype=np.float32)

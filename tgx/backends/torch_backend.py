@@ -520,8 +520,7 @@ class TorchBackend(Backend):
     def from_host(self, x, device="cpu"):
         x = np.asarray(x)
         if not x.flags.writeable or not x.flags.c_contiguous:  # torch tensors are writable
-            x = np.ascontiguousarray(x).copy() if not x.flags.writeable else \
-                np.ascontiguousarray(x)
+            x = np.array(x, order="C")  # (np.ascontiguousarray made a 0-d array 1-d)
         if x.dtype == bfloat16:
             t = torch.from_numpy(x.view(np.int16)).view(torch.bfloat16)
         else:

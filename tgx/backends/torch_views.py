@@ -23,5 +23,5 @@ def tensor_of(a):
     read-only."""
     import torch
 
-    a = np.ascontiguousarray(a)
+    a = np.asarray(a, order="C")   # (np.ascontiguousarray makes a 0-d array 1-d)
     return torch.from_numpy(a if a.flags.writeable else a.copy())
