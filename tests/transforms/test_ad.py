@@ -339,3 +339,31 @@ def test_the_gradient_of_gelu_is_one_kernel_on_torch(approximate):
     assert names.count("gelu_grad") == 1 and "tanh" not in names
     want = jax.grad(lambda x: jnp.sum(jax.nn.gelu(x, approximate=approximate == "tanh") * x))(x)
     np.testing.assert_allclose(g(x), want, **TOL[np.float32])
+
+
+@pytest.mark.parametrize("form", ["x @ w", "x @ w.T", "batched"])
+def test_matmul_gradients_come_out_in_their_operands_layout(form):
+    """A weight gradient is one product in the weight's layout, not a product transposed
+    after (a transposed gradient costs every consumer a strided pass: the optimizer's)."""
+    rng = np.random.default_rng(0)
+    if form == "batched":
+        x, w = rng.standard_normal((2, 5, 3)), rng.standard_normal((2, 3, 4))
+        f = lambda x, w: tnp.sum(tnp.sin(x @ w))
+        ref = lambda x, w: jnp.sum(jnp.sin(x @ w))
+    else:
+        x = rng.standard_normal((5, 3))
+        w = rng.standard_normal((3, 4) if form == "x @ w" else (4, 3))
+        f = (lambda x, w: tnp.sum(tnp.sin(x @ w))) if form == "x @ w" else \
+            (lambda x, w: tnp.sum(tnp.sin(x @ w.T)))
+        ref = (lambda x, w: jnp.sum(jnp.sin(x @ w))) if form == "x @ w" else \
+            (lambda x, w: jnp.sum(jnp.sin(x @ w.T)))
+    g = tgx.make_graph(tgx.grad(f, argnums=(0, 1)))(tgx.Spec(x.shape, "float64"),
+                                                     tgx.Spec(w.shape, "float64"))
+    s = tgx.simplify(g)   # what compile runs: folds the transpose of w.T's VJP too
+    for graph in (g, s) if form != "x @ w.T" else (s,):
+        names = [e.primitive.name for e in graph.eqns]
+        assert "transpose" not in names[names.index("cos"):], graph
+    want = jax.grad(ref, argnums=(0, 1))(x, w)
+    for graph in (g, s):
+        for got, exp in zip(eval_graph(graph, x, w), want):
+            np.testing.assert_allclose(got, exp, rtol=1e-12)

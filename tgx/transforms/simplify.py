@@ -7,8 +7,10 @@ pipeline as a table of named matchers:
 
 - `reshape_folding`: reshape of reshape is one reshape;
 - `identity_elimination`: reshape/transpose/convert/copy/broadcast that do nothing;
-- `transpose_folding`: transpose of transpose is one transpose (or nothing), and transposes of
-  dot_general operands fold into its dimension numbers when the free axes keep their order;
+- `transpose_folding`: transpose of transpose is one transpose (or nothing), transposes of
+  dot_general operands fold into its dimension numbers when the free axes keep their order,
+  and a transpose swapping a dot_general's two groups of free axes (its only use) is the
+  product with its operands swapped (a weight gradient `(dy.T @ x).T` is `x.T @ dy`);
 - `constant_folding`: equations on constants only are evaluated with the NumPy reference when
   the result is small; `x*1`, `x/1`, `x+0`, `x-0` become `x` when the result's shape and dtype
   are those of `x` (broadcasting respected);
@@ -109,6 +111,8 @@ class Ctx:
         self._producers: dict[int, Eqn] = {}
         self._seen = 0
         self.cse: dict = {}
+        #: variable id of the graph being rewritten -> how many equations and outputs read it
+        self.uses: dict[int, int] = {}
 
     def producer(self, x) -> Eqn | None:
         if not isinstance(x, Tracer):
@@ -218,6 +222,25 @@ def _fold_transpose_into_dot(eqn, ins, ctx):
     return [dot_general_p.bind(*new_ins, dimension_numbers=dn)]
 
 
+def _dot_general_swapped(eqn, ins, ctx):
+    """transpose(dot_general(a, b)) -> dot_general(b, a) where the permutation keeps the
+    batch axes and swaps the two groups of free axes, the product read by nothing else:
+    the result comes out in the wanted layout instead of a strided copy of it."""
+    x = eqn.invars[0]
+    p = ctx.producer(ins[0])
+    if p is None or p.primitive.name != "dot_general" or ctx.uses.get(x.id, 0) != 1:
+        return None
+    (lc, rc), (lb, rb) = p.params["dimension_numbers"]
+    nb = len(lb)
+    nl = p.invars[0].aval.ndim - len(lc) - nb
+    nr = p.invars[1].aval.ndim - len(rc) - nb
+    swap = (*range(nb), *range(nb + nl, nb + nl + nr), *range(nb, nb + nl))
+    if tuple(eqn.params["permutation"]) != swap:
+        return None
+    a, b = (_tracer_of(ctx, v) for v in p.invars)
+    return [dot_general_p.bind(b, a, dimension_numbers=((rc, lc), (rb, lb)))]
+
+
 def _small(aval) -> bool:
     return is_concrete_shape(aval.shape) and math_prod(aval.shape) <= MAX_FOLD_ELEMENTS
 
@@ -305,6 +328,7 @@ identity_elimination = PatternMatcher("identity_elimination", (R(
                            "broadcast_in_dim"}), _identity),))
 transpose_folding = PatternMatcher("transpose_folding", (
     R("transpose_of_transpose", "transpose", _transpose_of_transpose),
+    R("dot_general_swapped", "transpose", _dot_general_swapped),
     R("transpose_into_dot_general", "dot_general", _fold_transpose_into_dot)))
 constant_folding = PatternMatcher("constant_folding", (
     R("fold_constants", lambda e: True, _constant_fold),
@@ -321,6 +345,13 @@ PASSES = identity_elimination + reshape_folding + transpose_folding + constant_f
 def _sweep(graph: Graph, matcher: PatternMatcher, unsafe_math: bool, report: Report) -> Graph:
     with GraphBuilder() as b:
         ctx = Ctx(b, unsafe_math)
+        for eqn in graph.eqns:
+            for x in eqn.invars:
+                if not isinstance(x, Literal):
+                    ctx.uses[x.id] = ctx.uses.get(x.id, 0) + 1
+        for x in graph.outvars:
+            if not isinstance(x, Literal):
+                ctx.uses[x.id] = ctx.uses.get(x.id, 0) + 1
         args = [b.new_arg(v.aval, v.hint) for v in graph.invars]
         env: dict[int, Any] = {v.id: a for v, a in zip(graph.invars, args)}
         for v, c in zip(graph.constvars, graph.consts):
