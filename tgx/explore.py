@@ -266,7 +266,8 @@ def candidate_assignments(graph: Graph, backends: Sequence[str], cost_model, dim
 
     def selected(subset, cm) -> Assignment:
         a = realize(select(graph, list(subset), cm, dims, weights=options.weights,
-                           patterns=options.patterns, fuse=options.fuse), "explore")
+                           state=options.state, patterns=options.patterns,
+                           fuse=options.fuse), "explore")
         if cm is cost_model:
             chosen[subset] = a
         return a
@@ -289,7 +290,8 @@ def candidate_assignments(graph: Graph, backends: Sequence[str], cost_model, dim
     def predicted(a: Assignment) -> float:
         if a.predicted_s is not None:
             return a.predicted_s
-        return assignment_cost(a, backends, cost_model, dims, options.weights)
+        return assignment_cost(a, backends, cost_model, dims, options.weights,
+                               state=options.state)
 
     # the most promising first: a time limit stops before the last (a 4-layer LM training
     # step with a 60 s budget measured the heuristic plans only, 1.2x the torch plan)

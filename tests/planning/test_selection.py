@@ -212,3 +212,20 @@ def test_on_xla_a_composite_is_decomposed_only_when_clearly_cheaper(ratio, decom
         a = selection.realize(select(g, [b], Priced(), {}))
         names = [e.primitive.name for e in a.graph.eqns]
         assert ("dot_general" in names and "linear" not in names) is want, (b, names)
+
+
+def test_state_made_on_jax_pays_its_write_back():
+    """A new state value computed on jax is copied into the caller's array every call (jax
+    arrays cannot be written); on NumPy or torch the kernel writes it in place."""
+    pytest.importorskip("jax")
+    from tgx.backends import backend_available
+
+    g = tgx.make_graph(lambda s, x: (s * 0.9 + x,))(tgx.Spec((1024, 256)), tgx.Spec((1024, 256)))
+    cm = CostModel()
+    back = cm.state_write_back(g.outvars[0].aval, "jax", "numpy", {})
+    assert back > 0
+    plain = select(g, ["jax"], cm, {}).total
+    assert select(g, ["jax"], cm, {}, state=((0, 0),)).total == pytest.approx(plain + back)
+    for b in [b for b in ("numpy", "torch") if backend_available(b)]:
+        assert cm.state_write_back(g.outvars[0].aval, b, "numpy", {}) == 0.0
+        assert select(g, [b], cm, {}, state=((0, 0),)).total == select(g, [b], cm, {}).total

@@ -38,7 +38,7 @@ from .cost_model import CostModel, Estimate
 from .heuristic import heuristic_assignment
 from .options import PlanOptions
 from .recipes import assignment_digest, graph_keys, measured_plans, recipe_key
-from .selection import Choice, _Selector, realize, select
+from .selection import Choice, _Selector, realize, select, state_values
 
 NO_WORK = Estimate(0.0, "cost model", "no work")
 
@@ -55,7 +55,8 @@ def fastest_assignment(graph: Graph, options: PlanOptions, store, *,
         return measured
     # the caller's arrays come from (and results go back to) `args_on`'s library
     home = options.args_on if options.args_on in backends else None
-    sel = select(graph, backends, cm, dims, weights=options.weights, patterns=options.patterns,
+    sel = select(graph, backends, cm, dims, weights=options.weights, state=options.state,
+                 patterns=options.patterns,
                  fuse=options.fuse, home=home)
     price = sel.total
     if measured is None and options.tolerance is None:
@@ -72,7 +73,7 @@ def fastest_assignment(graph: Graph, options: PlanOptions, store, *,
             return measured
     if options.tolerance is None:
         h = heuristic_assignment(graph, backends)
-        h_cost = assignment_cost(h, backends, cm, dims, options.weights, home)
+        h_cost = assignment_cost(h, backends, cm, dims, options.weights, home, options.state)
         if h_cost < price * (1 - 1e-9):
             return h.replace(by=f"{options.policy} (heuristic plan: cheaper by the cost model)",
                              predicted_s=h_cost, dims=dims)
@@ -132,7 +133,8 @@ def _pool_aware(sel, graph, backends, cm: CostModel, dims, options, home):
     if capped == 0.0:
         return sel, sel.total
     serial = select(graph, backends, cm.without_own_pools(), dims, weights=options.weights,
-                    patterns=options.patterns, fuse=options.fuse, home=home)
+                    state=options.state, patterns=options.patterns, fuse=options.fuse,
+                    home=home)
     if serial.total < sel.total + capped:
         return serial, serial.total
     return sel, sel.total + capped
@@ -244,7 +246,7 @@ def lossy_selections(a: Assignment, graph: Graph, options: PlanOptions, store,
     for b in backends:
         try:
             s = realize(select(graph, [b], cm, dims, weights=options.weights,
-                               patterns=options.patterns, fuse=options.fuse,
+                               state=options.state, patterns=options.patterns, fuse=options.fuse,
                                home=b if options.args_on == b else None), options.policy)
         except TgxError:  # e.g. no kernel for some equation on this backend
             continue
@@ -267,11 +269,12 @@ def _measured_whole(a: Assignment, graph, backends, store, cm: CostModel, dims,
 
 
 def assignment_cost(a: Assignment, backends, cm: CostModel, dims, weights=(),
-                    home: str | None = None) -> float:
+                    home: str | None = None, state=()) -> float:
     """The cost model's time of a whole assignment: its kernels, the copies it implies (bound
-    weights copy for nothing; inputs come from `home`, NumPy by default) and the switches
-    between consecutive backends."""
-    sel = _Selector(backends, cm, dims, [a.graph.invars[i].id for i in weights])
+    weights copy for nothing; inputs come from `home`, NumPy by default; `state` written back
+    as `select` prices it) and the switches between consecutive backends."""
+    sel = _Selector(backends, cm, dims, [a.graph.invars[i].id for i in weights],
+                    written_back=state_values(a.graph, state))
     # a `copy_to` written in the graph carries no work (its copies follow from the backends)
     opts = [{b: Choice(b, Candidate("kernel", b, k),
                        cm.kernel(e, k, dims) if k is not None else NO_WORK)}

@@ -156,8 +156,11 @@ POOL_WINDOW = 64
 
 class _Selector:
     def __init__(self, backends, cm: CostModel, dims, free=(), patterns: bool = False,
-                 fuse: bool = False):
+                 fuse: bool = False, written_back=()):
         self.backends = list(backends)
+        #: value ids of outputs that are state: made on a backend whose arrays cannot be
+        #: written (jax), each is copied into the caller's buffer every call
+        self.written_back = frozenset(written_back)
         # decompositions are searched for pattern kernels and generatable regions of every
         # allowed backend
         self.patterns, self.fuse = patterns, fuse
@@ -282,10 +285,13 @@ class _Selector:
         """Transfer time of value `vid` from backend `src` to `dst`."""
         if src == dst or vid in self.free:
             return 0.0
-        key = (vid, src, dst)
+        key = (vid, src, dst, output)
         t = self._t.get(key)
         if t is None:
-            t = self._t[key] = self.cm.transfer(self.aval[vid], src, dst, self.dims).seconds
+            t = self.cm.transfer(self.aval[vid], src, dst, self.dims).seconds
+            if output and vid in self.written_back:
+                t += self.cm.state_write_back(self.aval[vid], src, dst, self.dims)
+            t = self._t[key] = t
         return t
 
     def S(self, a, idxs) -> float:
@@ -548,7 +554,7 @@ class _Selector:
 
 def select(graph: Graph, backends, cost_model: CostModel, dims: dict,
            weights=(), patterns: bool = False, fuse: bool = False,
-           home: str | None = None) -> Selection:
+           home: str | None = None, state=()) -> Selection:
     """The cheapest choice per equation of `graph` on `backends` at binding `dims`.
 
     `weights`: indices of the inputs that are bound weights: converted once, not per call,
@@ -556,11 +562,17 @@ def select(graph: Graph, backends, cost_model: CostModel, dims: dict,
     that occur in them (`tgx.planning.kernel_patterns`; the graph itself went through the
     patterns stage already); `fuse`: so do generatable regions of elementwise ops (the fuse
     stage). `home`: the backend whose arrays the caller passes and gets back (default:
-    NumPy's)."""
+    NumPy's). `state`: (input, output) index pairs of state buffers, whose new values are
+    written back into the caller's arrays (`CostModel.state_write_back`)."""
     check_tolerance(graph, cost_model.tolerance)
     free = [graph.invars[i].id for i in weights]
-    return _Selector(backends, cost_model, dict(dims or {}), free, patterns,
-                     fuse).solve(graph, home)
+    return _Selector(backends, cost_model, dict(dims or {}), free, patterns, fuse,
+                     state_values(graph, state)).solve(graph, home)
+
+
+def state_values(graph: Graph, state) -> list[int]:
+    """The value ids of `graph`'s state outputs (`state`: (input, output) index pairs)."""
+    return [v.id for _, o in state for v in [graph.outvars[o]] if isinstance(v, Var)]
 
 
 def select_brute_force(graph: Graph, backends, cost_model: CostModel, dims: dict) -> Selection:
