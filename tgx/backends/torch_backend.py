@@ -104,9 +104,37 @@ def torch_shift_right_logical(x, y):
     return torch.bitwise_right_shift(wide, y.to(torch.int64)).to(x.dtype)
 
 
+#: integer views of the float dtypes, for `select_zero_cpu`'s bit masks
+_BITS = {torch.float32: torch.int32, torch.float64: torch.int64}
+
+
+def select_zero_cpu(pred, t, f, out=None):
+    """`where(pred, t, f)` on the CPU where one branch is the scalar +0.0 (a ReLU's gradient,
+    a mask), as the other branch's bits and-ed with the mask as integers (-1 where it is
+    kept, 0 where not: +0.0's bits): exact for every value, inf and NaN included. torch's
+    `where` takes ~107 µs for a (128, 512) float32 ReLU gradient with a random mask and this
+    ~16 µs. None where it does not apply (the caller runs `where`)."""
+    zero_f = f.numel() == 1 and f.dim() == 0
+    other, scalar = (t, f) if zero_f else (f, t)
+    ints = _BITS.get(other.dtype)
+    if (ints is None or other.is_cuda or scalar.numel() != 1 or scalar.dim() != 0
+            or pred.dtype != torch.bool or pred.shape != other.shape
+            or other.numel() < 4096 or not other.is_contiguous() or not pred.is_contiguous()
+            or (out is not None and (out.shape != other.shape or not out.is_contiguous()))):
+        return None
+    if scalar.view(ints).item() != 0:   # not +0.0 (-0.0 and others keep `where`)
+        return None
+    # keep `other` where pred (f is the zero) or where not (t is the zero): -1 or 0
+    mask = pred.to(ints).neg_() if zero_f else pred.to(ints).sub_(1)
+    res = out if out is not None else torch.empty_like(other)
+    torch.bitwise_and(other.view(ints), mask, out=res.view(ints))
+    return res
+
+
 @register_kernel("select", NAME, checker=_no_uint32)
 def torch_select(pred, t, f):
-    return torch.where(pred, t, f)
+    r = select_zero_cpu(pred, t, f)
+    return torch.where(pred, t, f) if r is None else r
 
 
 @register_kernel("convert_element_type", NAME, checker=_no_uint32, returns_view=True)
@@ -596,7 +624,8 @@ def torch_div_out(x, y, *, out):
 
 @register_kernel("select", NAME, checker=_select_ok, variant="out", writes_out=True)
 def torch_select_out(pred, t, f, *, out):
-    return torch.where(pred, t, f, out=out)
+    r = select_zero_cpu(pred, t, f, out)
+    return torch.where(pred, t, f, out=out) if r is None else r
 
 
 @register_kernel("gelu", NAME, checker=_float_only, variant="out", writes_out=True)
