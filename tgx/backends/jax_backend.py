@@ -14,6 +14,7 @@ large region's XLA executable is kept on disk for the next process (`xla_cache`)
 from __future__ import annotations
 
 import functools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -344,11 +345,11 @@ class JaxBackend(Backend):
                                        tuple(p for p, _ in pairs))
             if order == list(range(len(out_ids))):
                 return run
-            back = sorted(range(len(order)), key=order.__getitem__)  # result i: back[i]-th
+            # result i where `order` put it (itemgetter: one C call, ~0.3 us for 14 results)
+            put_back = operator.itemgetter(*sorted(range(len(order)), key=order.__getitem__))
 
             def call_donating(*xs):
-                r = run(*xs)
-                return tuple(r[k] for k in back)
+                return put_back(run(*xs))
 
             return call_donating
 
