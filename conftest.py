@@ -13,6 +13,10 @@ import pytest
 
 # Set at import, before pytest-xdist starts its workers: they inherit it and share the cache.
 os.environ.pop("TGX_XLA_CACHE", None)  # the executables go beside the loops, in the test cache
+# FASTEST calibrates a store it plans with (GEMM rates, bandwidths measured on this machine):
+# tests plan with the cost model's defaults, so that what they plan does not depend on how
+# fast the machine was at that moment (tests/planning/test_cost_model.py turns it on)
+os.environ["TGX_CALIBRATE"] = "off"
 if "TGX_TEST_KERNEL_CACHE" in os.environ:
     os.environ["TGX_KERNEL_CACHE"] = os.environ["TGX_TEST_KERNEL_CACHE"]
 elif "_TGX_TEST_CACHE_OWNER" not in os.environ:

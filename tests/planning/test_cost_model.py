@@ -6,7 +6,8 @@ import pytest
 import tgx
 import tgx.numpy as tnp
 from tgx.backends.registry import kernels_for
-from tgx.planning.cost_model import CostModel, calibrate
+from tgx.planning.cost_model import (CALIBRATION_ELEMENTS, CALIBRATION_GEMM, CALIBRATION_GRAPH,
+                                     CostModel, calibrate, ensure_calibrated, uncalibrated)
 from tgx.store import BenchmarkStore
 
 
@@ -70,6 +71,36 @@ def test_calibrate_records_overheads(store):
     cm = CostModel(store)
     assert cm.costs("numpy")[0] == pytest.approx(out["overhead@numpy"])
     assert cm.switch("torch", "numpy") == pytest.approx(out["switch@torch->numpy"])
+    # the GEMM's rate and the add's bandwidth, converted from their times
+    n = CALIBRATION_GEMM
+    assert cm.costs("torch")[2] == pytest.approx(2 * n ** 3 / out["peak@torch"])
+    assert cm.costs("numpy")[1] == pytest.approx(12 * CALIBRATION_ELEMENTS / out["bandwidth@numpy"])
+
+
+def test_planted_calibration_sets_the_roofline(store):
+    env = store.environment_id()
+    w = store.add_workload(CALIBRATION_GRAPH, {}, [((1,), "float32")])
+    store.add_traces([{"impl": impl, "median_s": t, "graph_hash": CALIBRATION_GRAPH,
+                       "workload": w, "env_id": env, "status": "PASSED"}
+                      for impl, t in (("peak@numpy", 2 * CALIBRATION_GEMM ** 3 / 2e11),
+                                      ("bandwidth@numpy", 12 * CALIBRATION_ELEMENTS / 5e10))])
+    ovh, bw, peak = CostModel(store).costs("numpy")
+    assert (ovh, bw, peak) == pytest.approx((CostModel().costs("numpy")[0], 5e10, 2e11))
+    assert uncalibrated(store, ["numpy", "torch"]) == ["torch"]
+
+
+def test_fastest_calibrates_a_store_once(store, monkeypatch):
+    monkeypatch.setenv("TGX_CALIBRATE", "on")
+    f = tgx.compile(lambda x: x @ x, backends=["numpy"], store=store)
+    f(np.ones((4, 4), np.float32))
+    assert uncalibrated(store, ["numpy"]) == []
+    n = len(store.traces(graph_hash=CALIBRATION_GRAPH))
+    assert n == 2   # GEMM and bandwidth (not the overheads: calibrate() measures those)
+    assert ensure_calibrated(store, ["numpy"]) == []          # measured once
+    assert len(store.traces(graph_hash=CALIBRATION_GRAPH)) == n
+    monkeypatch.setenv("TGX_CALIBRATE", "off")
+    other = BenchmarkStore(str(store.path) + ".other.json")
+    assert ensure_calibrated(other, ["numpy"]) == [] and uncalibrated(other, ["numpy"])
 
 
 def test_transfer_costs():

@@ -34,7 +34,7 @@ from ..shapes import hint_binding
 from ..store.schema import make_pending
 from .assignment import Assignment
 from .candidates import Candidate, accepted_kernels
-from .cost_model import CostModel, Estimate
+from .cost_model import CostModel, Estimate, ensure_calibrated
 from .heuristic import heuristic_assignment
 from .options import PlanOptions
 from .recipes import assignment_digest, graph_keys, measured_plans, recipe_key
@@ -196,8 +196,12 @@ def first_admitted(found, cm: CostModel | None, dims, keep=None):
 
 
 def cost_model_for(store, options: PlanOptions) -> CostModel:
-    """The cost model FASTEST prices with under `options`: the store's figures, the
-    tolerance and the bound on lossy kernels (`PlanOptions.lossy_below`)."""
+    """The cost model FASTEST prices with under `options`: the store's figures (the
+    backends' GEMM rates and bandwidths measured into it first where it has none for this
+    machine: `ensure_calibrated`), the tolerance and the bound on lossy kernels
+    (`PlanOptions.lossy_below`)."""
+    if store is not None and options.device == "cpu":
+        ensure_calibrated(store, check_backends(options.backends, options.device))
     return CostModel(store, tolerance=options.tolerance, lossy_below=options.lossy_below)
 
 
