@@ -19,6 +19,7 @@ array([2., 2., 2.], dtype=float32)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -496,16 +497,26 @@ class CompiledGraph:
         to the host; None where another instruction computes it."""
         o = next(o for arg, o, _ in self.state if arg == a)
         slot = self.out_slots[o]
-        made_by = {s: k for k, ins in enumerate(self.instructions) for s in ins.outs}
-        while slot in made_by:
-            k = made_by[slot]
-            ins = self.instructions[k]
+        while slot in self._maker:
+            k, i = self._maker[slot]
             if k == t:
-                return ins.outs.index(slot)
+                return i
+            ins = self.instructions[k]
             if not self._is_copy(ins):
                 return None
             slot = ins.ins[0]   # a copy back to the host (dropped in a donating variant)
         return None
+
+    @functools.cached_property
+    def _maker(self) -> dict[int, tuple[int, int]]:
+        """slot -> (the instruction computing it, its position among that one's results)."""
+        return {s: (t, i) for t, ins in enumerate(self.instructions)
+                for i, s in enumerate(ins.outs)}
+
+    def _made_on(self, slot: int) -> str | None:
+        """The backend of the instruction computing `slot` (None: an argument or constant)."""
+        hit = self._maker.get(slot)
+        return None if hit is None else self.instructions[hit[0]].backend
 
     def _is_copy(self, ins: Instruction) -> bool:
         """Whether `ins` is one `copy_to` between backends."""
@@ -520,11 +531,11 @@ class CompiledGraph:
         first: ~1 us a leaf, 14 leaves for an MLP's Adam step)."""
         if self.graph is None:
             return {}
-        made_by = {s: ins.backend for ins in self.instructions for s in ins.outs}
         out = {}
         for t, ins in enumerate(self.instructions):
-            if self._is_copy(ins) and get_backend(ins.backend).host and ins.ins[0] in made_by:
-                src = get_backend(made_by[ins.ins[0]])
+            made_on = self._made_on(ins.ins[0]) if self._is_copy(ins) else None
+            if made_on is not None and get_backend(ins.backend).host:
+                src = get_backend(made_on)
                 if not src.host and not src.inplace:  # jax: its results are its arrays
                     out[t] = src.to_host
         return out
@@ -537,13 +548,11 @@ class CompiledGraph:
         its own (a decode's 36 KV-cache leaves)."""
         if not self._off_host:
             return {}
-        made_by = {s: (t, i) for t, ins in enumerate(self.instructions)
-                   for i, s in enumerate(ins.outs)}
         out: dict = {}
         for t in to_host:
             if t in drops:
                 continue
-            src, i = made_by[self.instructions[t].ins[0]]
+            src, i = self._maker[self.instructions[t].ins[0]]
             if self.instructions[src].multi_out or len(self.instructions[src].outs) > 1:
                 out.setdefault(src, []).append(i)
         return {t: tuple(ix) for t, ix in out.items() if len(ix) > 1}
@@ -554,14 +563,12 @@ class CompiledGraph:
         drops = self._host_copies.get(backend)
         if drops is not None:
             return drops
-        made_by = {s: ins.backend for ins in self.instructions for s in ins.outs}
         read = {s for ins in self.instructions for s in ins.ins}
         outs = set(self.out_slots)
         found = set()
         for t, ins in enumerate(self.instructions):
-            if (self.graph is not None and len(ins.eqns) == 1 and len(ins.ins) == 1
-                    and self.graph.eqns[ins.eqns[0]].primitive.name == "copy_to"
-                    and get_backend(ins.backend).host and made_by.get(ins.ins[0]) == backend
+            if (self._is_copy(ins) and get_backend(ins.backend).host
+                    and self._made_on(ins.ins[0]) == backend
                     and ins.outs[0] in outs and ins.outs[0] not in read):
                 found.add(t)
         drops = self._host_copies[backend] = frozenset(found)
