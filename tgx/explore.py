@@ -96,6 +96,10 @@ CONFIRM_PLANS = 3
 MIN_CONFIRM = 2
 #: passes per plan when the shortened graph has already raced them (`CONFIRM`)
 CONFIRM_ROUNDS = 2
+#: ... and the further passes of those within `CLOSE` of the fastest: with two passes (one
+#: timed call each) an 18-layer prefill's explore chose a torch + NumPy plan that ran 1.07x
+#: the jax plan; run again, explore measured them 1.03x apart the other way (2026-11-27)
+CONFIRM_CLOSE_ROUNDS = 3
 
 
 # -- kernels -----------------------------------------------------------------------------------
@@ -303,7 +307,7 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
                         budget_s: float = 0.2, rounds: int = 3, spin_up_s: float = 0.1,
                         env_id: str | None = None, time_limit_s: float | None = None,
                         progress: bool | None = False, traced: str | None = None,
-                        close: bool = True, min_plans: int = 0, far: float = FAR,
+                        close: int | None = None, min_plans: int = 0, far: float = FAR,
                         inputs: Sequence | None = None, lowered: dict | None = None) -> int:
     """Time each assignment of {label: Assignment}, lowered with `options` exactly as
     `tgx.compile` lowers it (bound weights, state buffers), on random inputs at `dims`
@@ -315,8 +319,8 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
     all; each pass first runs the plan for `spin_up_s` untimed, then times it, and a plan's
     figure is the median of its pass medians; after each pass a plan `far` times slower
     than the fastest (both at their best pass) gets no further passes, and plans within `CLOSE`
-    of the fastest then get twice as many passes again (unless not `close`), to tell them
-    apart (fewer passes
+    of the fastest then get `close` passes more (default: twice `rounds`; 0: none), to tell
+    them apart (fewer passes
     for long calls were tried and reverted: on a loaded machine 3 passes chose the 18-layer
     prefill's NumPy plan, 1.13x the jax plan, where 6 had chosen right). The spin-up is
     what makes passes comparable: thread pools outlive the call that started them (OpenBLAS
@@ -418,8 +422,9 @@ def measure_assignments(graph: Graph, assignments: Mapping[str, Assignment], sto
         med = {impl: statistics.median(t.median_s for t in ts) for impl, ts in passes.items()}
         best = min(med.values())
         near = [impl for impl, m in med.items() if m <= best * (1 + CLOSE)]
-        if len(near) > 1 and close:
-            race(near, 2 * rounds)
+        extra = 2 * rounds if close is None else close
+        if len(near) > 1 and extra:
+            race(near, extra)
     for impl, ts in passes.items():
         med = [t.median_s for t in ts]
         mid = statistics.median(med)
@@ -479,7 +484,7 @@ def explore(graph: Graph, options: PlanOptions, store, backends: Sequence[str],
         # the few left are close: the whole graph confirms the choice in fewer passes (its
         # calls cost the most), the shortened race's winner first and whatever the budget
         cands = {label: cands[label] for label in labels if label in cands}
-        confirm = {"rounds": CONFIRM_ROUNDS, "close": False, "min_plans": 1}
+        confirm = {"rounds": CONFIRM_ROUNDS, "close": CONFIRM_CLOSE_ROUNDS, "min_plans": 1}
     lowered: dict = {}
     measure_assignments(graph, cands, store, dims, options, env_id=cm.env_id,
                         time_limit_s=left(), progress=None, traced=traced, inputs=args,
@@ -602,7 +607,7 @@ def _race_shortened(graph: Graph, options: PlanOptions, store, backends, dims, c
     # all timed again whole, and variants on one set of backends differ by little
     measure_assignments(sg, candidate_assignments(sg, backends, cm, dims, sopts), store, dims,
                         sopts, env_id=cm.env_id, time_limit_s=time_limit_s, progress=None,
-                        close=False, rounds=SHORT_ROUNDS, far=SHORT_FAR, inputs=sargs)
+                        close=0, rounds=SHORT_ROUNDS, far=SHORT_FAR, inputs=sargs)
     ranked = measured_plans(sg, backends, store, dims, cm.env_id, sopts, nearest=False)
     if not ranked:
         return None

@@ -19,6 +19,7 @@ from tgx.planning.cost_model import CostModel
 from tgx.planning.heuristic import heuristic_assignment
 from tgx.pipeline import transform
 from tgx.planning.options import PlanOptions
+from tgx.profiling.timing import Timing
 from tgx.serialize import SerializationError
 from tgx.store import BenchmarkStore, environment
 
@@ -203,6 +204,46 @@ def test_explore_measures_the_shortlist_once_and_fastest_uses_it(store):
     x = np.linspace(-2, 1, 32).astype(np.float32)
     np.testing.assert_allclose(c(x), ref(x), rtol=1e-5)
     assert f"measured plan {found[0].label}" in c.lower(tgx.Spec(("N",))).policy
+
+
+@pytest.mark.parametrize("close, near_passes", [(0, 2), (3, 5)])
+def test_plans_measured_close_to_the_fastest_get_more_passes(store, monkeypatch, close,
+                                                             near_passes):
+    """After `rounds` passes, plans within `CLOSE` of the fastest get `close` passes more
+    (the whole graph's confirmation: two passes had chosen an 18-layer prefill's plan that
+    ran 1.07x another), one `FAR` slower is dropped after its first, and each figure is the
+    median of its passes. Planted timings: the race, not the machine, decides."""
+    g = seen(f)
+    plans = explore.candidate_assignments(g, BACKENDS, CostModel(store), {"N": 32})
+    labels = list(plans)[:3]
+    if len(labels) < 3:
+        pytest.skip("three distinct plans need two backends")
+    planted = dict(zip(labels, [1.00e-3, 1.05e-3, 2.0e-3]))
+    runs, passes = {}, {}
+    as_called = explore._as_called
+
+    def spy_as_called(plan, args, options):
+        fn = as_called(plan, args, options)
+        runs[fn] = labels[len(runs)]
+        return fn
+
+    def planted_measure(fn, args, **kw):
+        label = runs[fn]
+        passes[label] = passes.get(label, 0) + 1
+        # the second plan's passes alternate above and below the first's
+        t = planted[label] * (0.97 if passes[label] % 2 and label == labels[1] else 1.0)
+        return Timing(t, t, 0.0, 1, t)
+
+    monkeypatch.setattr(explore, "_as_called", spy_as_called)
+    monkeypatch.setattr(explore, "measure", planted_measure)
+    chosen = {label: plans[label] for label in labels}
+    assert explore.measure_assignments(g, chosen, store, {"N": 32}, PlanOptions(), rounds=2,
+                                       close=close) == 3
+    assert passes == {labels[0]: near_passes, labels[1]: near_passes, labels[2]: 1}
+    found = {m.label: m.median_s for m in recipes.measured_plans(g, BACKENDS, store,
+                                                                  {"N": 32})}
+    assert found[labels[0]] == pytest.approx(1.00e-3)
+    assert found[labels[2]] == pytest.approx(2.0e-3)
 
 
 def test_plans_are_measured_on_the_callers_kind_of_arrays(store, tmp_path):
