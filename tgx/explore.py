@@ -54,7 +54,7 @@ from .planning.selection import offered_decomposition, realize, select
 from .precision import path_error
 from .profiling import input_descriptors, measure, profile
 from .profiling.accuracy import to_numpy
-from .profiling.pending import profile_kernel, random_inputs
+from .profiling.pending import profile_kernel, random_inputs, write_deferred
 from .profiling.progress import Progress
 from .serialize import SerializationError, graph_to_bytes
 from .shapes import concrete_shape
@@ -185,8 +185,7 @@ def explore_kernels(graph: Graph, backends, store, cost_model, dims, budget_s: f
             done.append((e, k, rec))
             n += 1
             if len(deferred) >= 50:
-                store.add_traces(deferred)
-                deferred.clear()
+                write_deferred(store, cache, deferred)
             bar.update(f"{e.primitive.name} on {k.backend}")
         # a figure far out of line with the same kernel's others is timed once more (the
         # store keeps the faster): an 18-layer prefill's bf16 GEMM measured 20.5 ms, twice,
@@ -196,8 +195,7 @@ def explore_kernels(graph: Graph, backends, store, cost_model, dims, budget_s: f
             if profile_in_turn(e, k) is None:
                 break
     finally:
-        if deferred:
-            store.add_traces(deferred)
+        write_deferred(store, cache, deferred)
     bar.close()
     cost_model._measured.clear()
     return n

@@ -141,6 +141,26 @@ def test_keys_named_before_their_records_are_placeholders(store_url):
     assert [t["graph_hash"] for t in again.traces()] == ["numpy:exp", "g0", "g1"]
 
 
+def test_add_many_writes_new_rows_at_once_on_every_engine(store_url):
+    """A kernel sweep's workloads and kernels in one write: the same rows one call each
+    would have written, duplicates (among them and in the store) once, and other
+    processes see them."""
+    st = BenchmarkStore(store_url)
+    old = st.add_workload("g0", {"N": 2}, [((2,), "float32")])
+    ws = [("g0", {"N": 2}, [((2,), "float32")]), ("g1", {"N": 4}, [((4, 3), "float32")]),
+          ("g1", {"N": 4}, [((4, 3), "float32")])]
+    ks = [("KERNEL", "exp", "numpy", "h1"), ("KERNEL", "exp", "torch", "h2")]
+    st.add_many(workloads=ws, implementations=ks)
+    want_w = {old, schema.make_workload(*ws[1])["key"]}
+    want_k = {schema.make_implementation(*k)["key"] for k in ks}
+    for view in (st, BenchmarkStore(store_url)):
+        assert {w["key"] for w in view.workloads()} == want_w
+        assert {i["key"] for i in view.implementations()} == want_k
+        assert view.get_workload(schema.make_workload(*ws[1])["key"])["axes"] == {"N": 4}
+    st.add_many()  # nothing to write
+    assert len(BenchmarkStore(store_url).workloads()) == 2
+
+
 def test_pending_flags_on_every_engine(store_url):
     st = BenchmarkStore(store_url)
     eq = {"primitive": "add", "params": {}, "inputs": [[[4], "float32"], [[4], "float32"]]}

@@ -29,7 +29,7 @@ from ..devices import ALIGNMENT, aligned_copy, aligned_empty
 from ..errors import TgxError
 from ..shapes import DTYPES, ShapedArray, concrete_shape, concretize, name_binding
 from ..store.names import signature
-from ..store.schema import implementation_key
+from ..store.schema import implementation_key, make_implementation, make_workload
 from ..backends.threads import one_blas_thread
 from ..graph.hashing import structural_hash
 from ..tracing import GraphBuilder, one_equation_graph
@@ -670,10 +670,19 @@ def profile_kernel(eqn: Any, kernel: Any, dims: dict, store: Any, cost_model: An
     them at once with `store.add_traces`: one store write per trace was 2.4 s of an explore)."""
     ghash, axes, descs = cost_model.workload(eqn, dims)
     # the store's rows are written once per sweep (~1 ms each: 0.8 s of an 18-layer
-    # prefill's 427 kernels, which share 124 workloads and a few dozen kernels)
+    # prefill's 427 kernels, which share 124 workloads and a few dozen kernels), and with
+    # `deferred`, all at once with the traces (`cache["rows"]`, `write_deferred`)
     written = {} if cache is None else cache.setdefault("written", {})
+    rows = None if cache is None or deferred is None else cache.setdefault("rows", {})
+
+    def add(table: str, args: tuple) -> str:   # the row's key
+        if rows is None:
+            return _ADD[table](store, *args)
+        rows.setdefault(table, []).append(args)
+        return _MAKE[table](*args)["key"]
+
     wkey = _once(written, ("workload", ghash, repr(axes), repr(descs)),
-                 lambda: store.add_workload(ghash, axes, descs))
+                 lambda: add("workloads", (ghash, axes, descs)))
     inputs = None if cache is None else cache.setdefault("inputs", {})
     goldens = None if cache is None else cache.setdefault("goldens", {})
 
@@ -698,8 +707,8 @@ def profile_kernel(eqn: Any, kernel: Any, dims: dict, store: Any, cost_model: An
     if goldens is not None and callable(job["golden"]):
         job["golden"] = golden_of(job["golden"], job["host_args"])
     _once(written, ("kernel", kernel.label, kernel.backend, kernel.source_hash),
-          lambda: store.add_implementation("KERNEL", kernel.label, kernel.backend,
-                                           kernel.source_hash))
+          lambda: add("implementations",
+                      ("KERNEL", kernel.label, kernel.backend, kernel.source_hash)))
     # Random inputs may leave an op's domain (sqrt of a negative): the golden result has the
     # NaN in the same place, so the trace is still right; the warnings are noise.
     impl, env_id = cost_model.impl_key(kernel), cost_model.env_id
@@ -753,6 +762,23 @@ def _as_float64(args: tuple, memo: dict) -> tuple:
             a = hit[1]
         out.append(a)
     return tuple(out)
+
+
+#: the store rows `profile_kernel` adds: how one is written, and made (for its key)
+_ADD = {"workloads": lambda st, *a: st.add_workload(*a),
+        "implementations": lambda st, *a: st.add_implementation(*a)}
+_MAKE = {"workloads": make_workload, "implementations": make_implementation}
+
+
+def write_deferred(store, cache: dict, deferred: list) -> None:
+    """Write what `profile_kernel` calls with `cache` and `deferred` left to write: the
+    store rows they refer to first, then the traces (`deferred` is emptied)."""
+    rows = cache.pop("rows", None)
+    if rows:
+        store.add_many(**rows)
+    if deferred:
+        store.add_traces(deferred)
+        deferred.clear()
 
 
 def _record(store, rec: dict, deferred: list | None) -> dict:

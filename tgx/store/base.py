@@ -112,9 +112,10 @@ class BenchmarkStore(abc.ABC):
         """The cache, first refreshed if other processes wrote (at most every refresh_s)."""
 
     @abc.abstractmethod
-    def _insert_unique(self, table: str, index_attr: str, key: str, rec: dict) -> str:
-        """Write a graph, implementation, environment or workload record unless its key is
-        there (checked again under the engine's write lock)."""
+    def _insert_unique(self, rows: list[tuple[str, str, str, dict]]) -> None:
+        """Write graph, implementation, environment or workload records, given as (table,
+        index attribute, key, record), in one write, each unless its key is there (checked
+        again under the engine's write lock)."""
 
     @abc.abstractmethod
     def _insert_traces(self, records: list[dict]) -> list[int]:
@@ -283,11 +284,35 @@ class BenchmarkStore(abc.ABC):
         return self._add_unique(WORKLOADS, "workloads", rec["key"], rec)
 
     def _add_unique(self, table: str, index_attr: str, key: str, rec: dict) -> str:
+        self._add_unique_rows([(table, index_attr, key, rec)])
+        return key
+
+    def _add_unique_rows(self, rows: list[tuple[str, str, str, dict]]) -> None:
         with self._tlock:
-            if key in getattr(self._read(), index_attr):  # fast path: no lock, no query
-                return key
-            return self._best_effort(lambda: self._insert_unique(table, index_attr, key, rec),
-                                     lambda: key)
+            idx = self._read()  # fast path: no lock, no query for those already there
+            new = {key: (t, attr, key, rec) for t, attr, key, rec in rows
+                   if key not in getattr(idx, attr)}
+            if new:
+                self._best_effort(lambda: self._insert_unique(list(new.values())),
+                                  lambda: None)
+
+    def add_many(self, *, workloads: Iterable[tuple] = (),
+                 implementations: Iterable[tuple] = ()) -> None:
+        """`add_workload` for each tuple of its arguments in `workloads` and
+        `add_implementation` for each in `implementations`, in one write (a kernel sweep
+        adds ~150 of each: one write each was 0.75 s of an 18-layer prefill's 11 s sweep).
+
+        Example (``st`` an open store)::
+
+            st.add_many(workloads=[("g1", {"N": 4}, [((4,), "float32")])],
+                        implementations=[("KERNEL", "exp", "numpy", "h1")])
+        """
+        made = [schema.make_workload(*w) for w in workloads]
+        rows = [(WORKLOADS, "workloads", r["key"], r) for r in made]
+        made = [schema.make_implementation(*i) for i in implementations]
+        rows += [(IMPLEMENTATIONS, "impls", r["key"], r) for r in made]
+        if rows:
+            self._add_unique_rows(rows)
 
     def add_traces(self, traces: Iterable[Mapping[str, Any]]) -> list[int]:
         """Insert many traces in one write (one file write, or one transaction); returns

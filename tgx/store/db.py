@@ -346,11 +346,14 @@ class TinyDBStore(BenchmarkStore):
                     self._idx.pending.pop(k, None)
             return len(ids)
 
-    def _insert_unique(self, table: str, index_attr: str, key: str, rec: dict) -> str:
-        with self._writing():  # check again: another process may have added it
-            if key not in getattr(self._idx, index_attr):
-                self._insert(table, [rec])
-        return key
+    def _insert_unique(self, rows: list[tuple[str, str, str, dict]]) -> None:
+        with self._writing():  # check again: another process may have added them
+            by_table: dict[str, list[dict]] = {}
+            for table, index_attr, key, rec in rows:
+                if key not in getattr(self._idx, index_attr):
+                    by_table.setdefault(table, []).append(rec)
+            for table, recs in by_table.items():
+                self._insert(table, recs)
 
     def _insert_traces(self, records: list[dict]) -> list[int]:
         with self._tlock, self._writing():

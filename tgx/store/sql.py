@@ -460,11 +460,11 @@ class SQLStore(BenchmarkStore):
             tx.new_ids[table][key] = rid
         tx.after.append(lambda: self._idx.add(table, rec))
 
-    def _insert_unique(self, table: str, index_attr: str, key: str, rec: dict) -> str:
+    def _insert_unique(self, rows: list[tuple[str, str, str, dict]]) -> None:
         with self._transaction() as tx:
-            if key not in self._idx.keys(table):  # another process may have added it
-                self._put(tx, table, rec)
-        return key
+            for table, _, key, rec in rows:
+                if key not in self._idx.keys(table):  # another process may have added it
+                    self._put(tx, table, rec)
 
     def _insert_traces(self, records: list[dict]) -> list[int]:
         with self._transaction() as tx:
