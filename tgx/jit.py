@@ -273,14 +273,14 @@ class Compiled:
         if self.static:
             inner, dyn = self._with_static(args, kwargs)
             return inner(**dyn)
+        for fast in self._guards:  # the fast path: a signature seen before (its guard
+            leaves = fast.flatten(args, kwargs)   # checks each leaf's type: no tracer passes)
+            if leaves is not None:
+                return fast(leaves)
         if find_top_trace(args) is not None:
             # Called inside a traced function (compile, make_graph, grad, vmap): inline it,
             # as jax.jit does, so compiled functions compose.
             return self.fn(*args, **kwargs)
-        for fast in self._guards:  # the fast path: a signature seen before
-            leaves = fast.flatten(args, kwargs)
-            if leaves is not None:
-                return fast(leaves)
         leaves, tree = tree_flatten((args, kwargs))
         try:  # a concrete signature seen before, that no guard serves
             key = (tree, tuple((type(x), x.shape, x.dtype) for x in leaves))
