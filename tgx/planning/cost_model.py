@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -54,6 +55,13 @@ CALIBRATION_GEMM = 512
 CALIBRATION_ELEMENTS = 1 << 20
 #: ``$TGX_CALIBRATE`` values (any case) that keep FASTEST from calibrating a store
 CALIBRATE_OFF = ("off", "none", "0", "false", "no")
+#: the calibration's pause before each library's figures, and each figure's spin-up: a
+#: library's worker threads spin for ~0.1 s after its last call, and a GEMM timed meanwhile
+#: competes with them for the cores. Without: torch's 512³ GEMM measured 8.0 ms (0.70
+#: alone) in 3 of 4 calibrations, jax's 1.72 ms (0.90) in the 4th, and an LM training
+#: step's FASTEST plan took its GEMMs off the library so priced (1.12x -> 1.5x jax.jit)
+CALIBRATION_PAUSE_S = 0.2
+CALIBRATION_SPIN_UP_S = 0.1
 
 
 #: results this large or larger are priced for being written to fresh memory when a kernel
@@ -511,7 +519,11 @@ def calibrate(store=None, backends=None, budget_s: float = 0.2, *,
     out: dict[str, float] = {}
     add, mm = {}, {}
     rng = np.random.default_rng(0)
-    for b in backends:
+
+    def alone(fn, args, sync, spin_up_s: float = 0.0) -> float:
+        return measure(fn, args, sync=sync, budget_s=budget_s, warmup_s=spin_up_s).median_s
+
+    for i, b in enumerate(backends):
         backend = get_backend(b)
         conv, sync = backend.convert, backend.sync_fn()
         k = next(k for k in kernels_for("add", b) if not k.writes_out)
@@ -520,9 +532,11 @@ def calibrate(store=None, backends=None, budget_s: float = 0.2, *,
         dot = dk.bind({"dimension_numbers": (((1,), (0,)), ((), ()))})
         n = CALIBRATION_GEMM
         g = conv(rng.standard_normal((n, n)).astype(np.float32))
-        out[f"peak@{b}"] = measure(dot, (g, g), sync=sync, budget_s=budget_s).median_s
         x = conv(rng.standard_normal(CALIBRATION_ELEMENTS).astype(np.float32))
-        out[f"bandwidth@{b}"] = measure(fn, (x, x), sync=sync, budget_s=budget_s).median_s
+        if i:  # the other libraries' threads stop spinning, then this one's settle
+            time.sleep(CALIBRATION_PAUSE_S)
+        out[f"peak@{b}"] = alone(dot, (g, g), sync, CALIBRATION_SPIN_UP_S)
+        out[f"bandwidth@{b}"] = alone(fn, (x, x), sync)
         if not overheads:
             continue
         one = conv(np.ones(1, np.float32))
@@ -557,7 +571,7 @@ def uncalibrated(store, backends) -> list[str]:
 
 def ensure_calibrated(store, backends, budget_s: float = 0.05) -> list[str]:
     """Measure the GEMM rate and bandwidth of those of `backends` that `store` has not
-    measured on this machine (`calibrate(overheads=False)`: ~0.1 s a backend, once per
+    measured on this machine (`calibrate(overheads=False)`: ~0.25 s a backend, once per
     machine and store); returns the backends measured. Not where ``$TGX_CALIBRATE`` is
     ``off``; a store that cannot be written only costs the figures (a warning is the
     store's own)."""
