@@ -128,6 +128,23 @@ def test_fastest_calibrates_a_store_once(store, monkeypatch):
     assert ensure_calibrated(other, ["numpy"]) == [] and uncalibrated(other, ["numpy"])
 
 
+def test_figures_measured_the_old_way_are_kept_unread_and_measured_again(store, monkeypatch):
+    """Figures recorded under the old calibration graph (timed back to back, up to 7x off)
+    are not read; FASTEST calibrates such a store again and nothing stored is lost."""
+    env = store.environment_id()
+    w = store.add_workload("tgx-calibration", {}, [((1,), "float32")])
+    store.add_traces([{"impl": impl, "median_s": 1.0, "graph_hash": "tgx-calibration",
+                       "workload": w, "env_id": env, "status": "PASSED"}
+                      for impl in ("peak@numpy", "bandwidth@numpy")])
+    assert CALIBRATION_GRAPH != "tgx-calibration"
+    assert CostModel(store).costs("numpy") == CostModel().costs("numpy")
+    assert uncalibrated(store, ["numpy"]) == ["numpy"]
+    monkeypatch.setenv("TGX_CALIBRATE", "on")
+    assert ensure_calibrated(store, ["numpy"]) == ["numpy"]
+    assert uncalibrated(store, ["numpy"]) == []
+    assert len(store.traces(graph_hash="tgx-calibration")) == 2
+
+
 def test_transfer_costs():
     cm = CostModel()
     a = tgx.Spec((1000,), "float32")

@@ -48,7 +48,11 @@ from .transfers import transfer_seconds
 # Charging them per destination equation was tried and made the cost landscape so flat that
 # `tgx.paths(...).ranked()` took 30-70 s for a Gemma block's first plan instead of ~1 s;
 # FASTEST takes measured whole plans instead (recipes.py), which include the real contention.
-CALIBRATION_GRAPH = "tgx-calibration"
+#: the graph the calibration's figures are recorded under, named by how they are measured:
+#: figures of an older way stay in the store, unread, and a store holding only those is
+#: calibrated again (`-2`: each library timed after the others' threads stopped,
+#: `CALIBRATION_PAUSE_S`; the figures before could be 7x off)
+CALIBRATION_GRAPH = "tgx-calibration-2"
 #: the calibration's GEMM (n x n times n x n) and elementwise add (elements): a GEMM's rate
 #: and a pass over memory in the caches' sizes a model's tensors have (4 MB an operand)
 CALIBRATION_GEMM = 512
@@ -506,7 +510,7 @@ def calibrate(store=None, backends=None, budget_s: float = 0.2, *,
     bandwidth, ``bandwidth@<backend>``); with `overheads`, also the per-call overhead (a
     1-element add, ``overhead@<backend>``) and each pair's switch penalty (a 256x256 matmul
     on dst right after an add on src, minus both alone, at least 0: ``switch@<src>-><dst>``).
-    Records them in `store` (graph ``tgx-calibration``, this environment) and returns
+    Records them in `store` (graph `CALIBRATION_GRAPH`, this environment) and returns
     {name: seconds}. A `CostModel` on that store prices with them; FASTEST measures the
     first two itself on a store without them (`ensure_calibrated`).
 
