@@ -544,7 +544,7 @@ def calibrate(store=None, backends=None, budget_s: float = 0.2, *,
         if not overheads:
             continue
         one = conv(np.ones(1, np.float32))
-        out[f"overhead@{b}"] = measure(fn, (one, one), sync=sync, budget_s=budget_s).median_s
+        out[f"overhead@{b}"] = alone(fn, (one, one), sync)
         a = conv(rng.standard_normal((256, 256)).astype(np.float32))
         add[b] = (lambda fn=fn, a=a, s=sync: s(fn(a, a)) if s else fn(a, a))
         mm[b] = (lambda dot=dot, a=a, s=sync: s(dot(a, a)) if s else dot(a, a))
@@ -552,9 +552,9 @@ def calibrate(store=None, backends=None, budget_s: float = 0.2, *,
         for dst in mm:
             if src != dst:
                 both = measure(lambda s=src, d=dst: (add[s](), mm[d]()), budget_s=budget_s)
-                alone = (measure(add[src], budget_s=budget_s).median_s
+                apart = (measure(add[src], budget_s=budget_s).median_s
                          + measure(mm[dst], budget_s=budget_s).median_s)
-                out[f"switch@{src}->{dst}"] = max(0.0, both.median_s - alone)
+                out[f"switch@{src}->{dst}"] = max(0.0, both.median_s - apart)
     if store is not None:
         env = store.environment_id()
         wkey = store.add_workload(CALIBRATION_GRAPH, {}, [((1,), "float32")])

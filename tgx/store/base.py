@@ -290,7 +290,7 @@ class BenchmarkStore(abc.ABC):
     def _add_unique_rows(self, rows: list[tuple[str, str, str, dict]]) -> None:
         with self._tlock:
             idx = self._read()  # fast path: no lock, no query for those already there
-            new = {key: (t, attr, key, rec) for t, attr, key, rec in rows
+            new = {(t, key): (t, attr, key, rec) for t, attr, key, rec in rows
                    if key not in getattr(idx, attr)}
             if new:
                 self._best_effort(lambda: self._insert_unique(list(new.values())),
