@@ -343,13 +343,12 @@ def generated_contenders(name, spec, rows):
 TORCH_PATTERNS = ("rms_norm_1p", "residual_rms_norm_1p", "gelu_tanh_gate")
 
 
-def adam_spec():
-    """Adam's step of one (2048, 640) parameter (`torch_patterns.adam_update`): the pattern,
-    NumPy, torch and jax forms, and its inputs at step 10 (lr 1e-3, torch's defaults)."""
+def adam_spec(shape=(F, D)):
+    """Adam's step of one parameter of `shape` (`adam_update`, torch's and numba's kernels):
+    the pattern, NumPy, torch and jax forms, and its inputs at step 10 (lr 1e-3, torch's
+    defaults)."""
     import jax.numpy as jnp
     import torch
-
-    from tgx.backends import torch_patterns as TP
 
     c1, b2, c2, eps = 1 - 0.9, 0.999, 1 - 0.999, 1e-8   # literals, as in `optim.adam`'s graph
 
@@ -361,12 +360,12 @@ def adam_spec():
         return f
 
     rng = np.random.default_rng(0)
-    p, g, m = (rng.standard_normal((F, D)).astype(np.float32) for _ in range(3))
-    v = np.abs(rng.standard_normal((F, D))).astype(np.float32) * 1e-2
+    p, g, m = (rng.standard_normal(shape).astype(np.float32) for _ in range(3))
+    v = np.abs(rng.standard_normal(shape)).astype(np.float32) * 1e-2
     t = np.float32(10)
     nss = np.float32(-1e-3 / -np.expm1(t * np.float32(np.log(0.9))))
     bc2 = np.sqrt(-np.expm1(t * np.float32(np.log(0.999))), dtype=np.float32)
-    return (lambda *a: TP._adam_pattern(*a, c1, b2, c2, eps), step(np.sqrt),
+    return (lambda *a: NP.adam_pattern(*a, c1, b2, c2, eps), step(np.sqrt),
             step(torch.sqrt), step(jnp.sqrt), [p, g, m, v, nss, bc2])
 
 
@@ -395,6 +394,30 @@ def torch_contenders(name, spec, rows):
         def direct():
             return kernel(*targs, *lits)
     return _checked(name, _rows(direct, on, off, spec, args, targs), np_fn, args)
+
+
+def numpy_adam_contenders(shape):
+    """numba's `adam_update` (one pass, in place into p, m, v as in a plan) against tgx's
+    NumPy plan of the step op by op and the peers."""
+    import torch
+
+    spec = adam_spec(shape)
+    fn, _, _, _, args = spec
+    on = tgx.compile(fn, backends=["numpy"], policy="heuristic")
+    off = tgx.compile(fn, backends=["numpy"], policy="heuristic", patterns=False)
+    plan = on.lower(*args)
+    (i, k), = [(i, k) for i, k in enumerate(plan.graph.kernels) if k is not None
+               and k.name == "adam_update"]
+    kernel = k.bind(plan.graph.eqns[i].params)
+    lits = [np.asarray(a.val, np.float32) for a in plan.graph.eqns[i].invars
+            if isinstance(a, Literal)]
+    work = [np.array(a) for a in args]   # later calls step on from the last one's state
+
+    def direct():
+        return kernel(*work, *lits, outs={0: work[0], 1: work[2], 2: work[3]})
+
+    targs = [torch.from_numpy(np.array(a)) for a in args]
+    return _checked("adam_update", _rows(direct, on, off, spec, args, targs), spec[1], args)
 
 
 def compile_cost(spec, rows) -> tuple[float, float]:
@@ -446,6 +469,10 @@ def main(argv=None) -> None:
             fns = contenders(name, spec, rows)
             report(f"{name}, {phase} ({rows} row{'s' if rows > 1 else ''})",
                    measure(fns, args.rounds))
+    if not args.patterns or "adam_update" in args.patterns:
+        for shape in ((F, D), (64, 2)):
+            report(f"adam_update (numba), one {shape} parameter",
+                   measure(numpy_adam_contenders(shape), args.rounds))
     if not args.patterns or "rope" in args.patterns:
         for phase, rows in (("prefill", 128), ("decode", 1)):
             times = measure(rope_contenders(rows), args.rounds)

@@ -318,3 +318,102 @@ def test_pattern_forms_are_traced_on_first_use_not_at_import():
                          check=True).stdout.split("\n")
     assert out[0].split()[1:] == ["0", "False"] and int(out[0].split()[0]) > 0, out
     assert out[1] == "True 1", out
+
+
+def _adam_ops(p, g, m, v, nss, bc2, c1, b2, c2, eps, dr=None):
+    """The pattern op by op in NumPy, in the arrays' dtype (what the kernel must equal)."""
+    m2 = m + c1 * (g - m)
+    v2 = v * b2 + c2 * g * g
+    u = nss * (m2 / (np.sqrt(v2) / bc2 + eps))
+    return (p + u if dr is None else p + (u - dr * p)), m2, v2
+
+
+@settings(max_examples=30, deadline=None)
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=4).map(tuple),
+       t=st.sampled_from([1, 2, 10, 30000]), decay=st.sampled_from([None, 0.0, 0.05]),
+       dtype=st.sampled_from([np.float32, np.float64]), into=st.sampled_from(["fresh", "inputs",
+                                                                               "others"]),
+       transposed=st.booleans(), seed=st.integers(0, 2**16))
+def test_adam_update_is_numpys_op_by_op_result_bit_for_bit(shape, t, decay, dtype, into,
+                                                           transposed, seed):
+    """numba's Adam (AdamW) step equals the pattern computed op by op in NumPy, bit for bit
+    (no fastmath, the same order of operations), into fresh arrays, in place into its own
+    inputs (a plan's state), or into other buffers; and matches float64 to float32's
+    precision."""
+    rng = np.random.default_rng(seed)
+    p, g, m = (rng.standard_normal(shape).astype(dtype) for _ in range(3))
+    v = (np.abs(rng.standard_normal(shape)) * 1e-2).astype(dtype)
+    if transposed and len(shape) == 2:   # a transposed gradient: read through its strides
+        g = np.ascontiguousarray(g.T).T
+    lr, b1, b2 = 1e-3, 0.9, 0.999
+    nss = dtype(-(lr / -np.expm1(t * np.log(b1))))
+    bc2 = dtype(np.sqrt(-np.expm1(t * np.log(b2))))
+    scalars = [np.asarray(x, dtype) for x in (nss, bc2, 1 - b1, b2, 1 - b2, 1e-8)]
+    extra = [] if decay is None else [np.asarray(lr * decay, dtype)]
+    want = _adam_ops(p, g, m, v, *scalars, *extra)
+    p0 = p.copy()
+    ins = [p, g, m, v]
+    outs = None
+    if into == "inputs":
+        outs = {0: p, 1: m, 2: v}
+    elif into == "others":
+        outs = {i: np.empty(shape, dtype) for i in range(3)}
+    fn = NP.adam_update if decay is None else NP.adamw_update
+    got = fn(*ins, *scalars, *extra, outs=outs)
+    for a, b, name in zip(got, want, "pmv"):
+        assert a.dtype == dtype and a.shape == shape
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    if outs is not None:
+        assert all(got[i] is outs[i] for i in range(3))
+    # float64: the update itself (p' - p) to float32's precision of its own size
+    assert np.all(np.isfinite(got[0]))
+    d64 = (got[0].astype(np.float64) - p0)
+    ref = float(nss) * (want[1].astype(np.float64) / (np.sqrt(want[2].astype(np.float64))
+                                                      / float(bc2) + 1e-8))
+    if decay:
+        ref = ref - lr * decay * p0
+    assert np.abs(d64 - ref).max() <= 1e-5 * np.abs(ref).max() + 1e-6 * np.abs(p0).max()
+
+
+@pytest.mark.parametrize("kind", ["adam", "adamw"])
+def test_adam_step_on_numpy_uses_the_numba_kernel_and_matches_torch_optim(kind):
+    """A compiled Adam (AdamW) step on NumPy runs one numba `adam_update` (`adamw_update`)
+    per parameter, in place into the caller's state arrays, and follows `torch.optim.Adam`
+    (`AdamW`) step for step."""
+    torch = pytest.importorskip("torch")
+    from tgx import optim
+
+    rng = np.random.default_rng(0)
+    params = {"w": rng.standard_normal((16, 8)).astype(np.float32),
+              "b": rng.standard_normal(8).astype(np.float32)}
+    x = rng.standard_normal((32, 16)).astype(np.float32)
+    opt = optim.adam(1e-2) if kind == "adam" else optim.adamw(1e-2, weight_decay=0.1)
+
+    def loss(p, x):
+        return tnp.mean(tnp.tanh(x @ p["w"] + p["b"]) ** 2)
+
+    def step(p, s, x):
+        val, grads = tgx.value_and_grad(loss)(p, x)
+        updates, s = opt.update(grads, s, p)
+        return val, (optim.apply_updates(p, updates), s)
+
+    p = {k: v.copy() for k, v in params.items()}
+    s = opt.init(p)
+    f = tgx.compile(step, state=("p", "s"), backends=["numpy"])
+    tw = {k: torch.from_numpy(v.copy()).requires_grad_() for k, v in params.items()}
+    topt = (torch.optim.Adam(list(tw.values()), lr=1e-2) if kind == "adam"
+            else torch.optim.AdamW(list(tw.values()), lr=1e-2, weight_decay=0.1))
+    tx = torch.from_numpy(x)
+    w_id = id(p["w"])
+    for _ in range(5):
+        f(p, s, x)
+        topt.zero_grad()
+        torch.mean(torch.tanh(tx @ tw["w"] + tw["b"]) ** 2).backward()
+        topt.step()
+    plan = f.lower(p, s, x)
+    labels = [i.label for i in plan.compiled.instructions if f"{kind}_update" in i.label]
+    assert len(labels) == 2 and all("[numba]" in lab and "[into state]" in lab
+                                    for lab in labels), labels
+    assert id(p["w"]) == w_id
+    for k in params:
+        np.testing.assert_allclose(p[k], tw[k].detach().numpy(), rtol=1e-6, atol=1e-6)

@@ -55,8 +55,9 @@ numba = None  # the module, imported on the first compile (the loops read `numba
 prefetch = None  # `numba_intrinsics.prefetch`, imported with numba
 
 
-def _jit(fn, parallel: bool = True):
-    """`fn` compiled by numba on its first call (so importing tgx does not import numba)."""
+def _jit(fn, parallel: bool = True, fastmath: bool = True):
+    """`fn` compiled by numba on its first call (so importing tgx does not import numba);
+    `fastmath=False` where the loop must round as NumPy's ops do."""
     compiled = None
 
     def run(*args):
@@ -70,7 +71,7 @@ def _jit(fn, parallel: bool = True):
             # error_model="numpy": a division yields inf/nan as in NumPy, where numba's
             # default checks for zero and raises, a branch that stops LLVM vectorizing the
             # loop (the GeGLU gate: 1.0 ms scalar, 0.10 ms vectorized, 262k elements)
-            compiled = numba.njit(parallel=parallel, fastmath=True, cache=True,
+            compiled = numba.njit(parallel=parallel, fastmath=fastmath, cache=True,
                                   error_model="numpy")(fn)
         return compiled(*args)
 

@@ -38,10 +38,8 @@ import pathlib
 
 import numpy as np
 
-from .. import numpy as tnp
-from ..shapes import Spec
-from ..tracing import make_graph
-from .numba_patterns import _float32, _same_shape, pattern_forms
+from .numba_patterns import (_float32, _same_shape, adam_checker, adam_forms, adam_pattern,
+                             adamw_pattern, pattern_forms)
 from .registry import Kernel, LazyForms, add_kernel
 
 NAME = "torch"
@@ -135,37 +133,6 @@ for _name, _fn, _checker in (("rms_norm_1p", rms_norm_1p, _float32),
     add_kernel(Kernel(_name, NAME, _fn, _checker, "fused", writes_out=True, pattern=_forms))
 
 
-def _adam_pattern(p, g, m, v, nss, bc2, c1, b2, c2, eps):
-    # as `tgx.optim.adam` and `apply_updates` trace it (tests check that it matches there)
-    m2 = m + c1 * (g - m)
-    v2 = v * b2 + c2 * g * g
-    return p + nss * (m2 / (tnp.sqrt(v2) / bc2 + eps)), m2, v2
-
-
-def _adamw_pattern(p, g, m, v, nss, bc2, c1, b2, c2, eps, dr):
-    # `tgx.optim.adamw`: the decoupled decay `- lr * wd * p` inside the update
-    m2 = m + c1 * (g - m)
-    v2 = v * b2 + c2 * g * g
-    return p + (nss * (m2 / (tnp.sqrt(v2) / bc2 + eps)) - dr * p), m2, v2
-
-
-def _adam_forms(pattern, scalars: int) -> tuple:
-    """`pattern` for parameters of rank 1-4 (its scalars also match literals: an optimizer's
-    constants are literals in its graph)."""
-    dims = ("A", "B", "C", "D")
-    return tuple(make_graph(pattern)(*[Spec(dims[:rank])] * 4, *[Spec(())] * scalars)
-                 for rank in (1, 2, 3, 4))
-
-
-def _adam_checker(avals, params):
-    p = avals[0]
-    if any(a.dtype != p.dtype for a in avals) or p.dtype.name not in ("float32", "float64"):
-        return f"one float dtype throughout, got {', '.join(a.str_short() for a in avals)}"
-    if any(a.shape != p.shape for a in avals[1:4]):
-        return "parameter, gradient and moments of one shape"
-    return None
-
-
 def _fused_adam_args(nss: float, bc2: float, c1: float, b2: float, c2: float, eps: float,
                      dr: float = 0.0) -> dict | None:
     """`torch._fused_adam(w)_`'s scalars computing what `adam(w)_update` computes, or None
@@ -234,9 +201,9 @@ def adamw_update(p, g, m, v, nss, bc2, c1, b2, c2, eps, dr, outs=None):
     return _adam_step(p, g, m, v, (nss, bc2, c1, b2, c2, eps), dr, outs)
 
 
-add_kernel(Kernel("adam_update", NAME, adam_update, _adam_checker, "fused",
-                  pattern=LazyForms(functools.partial(_adam_forms, _adam_pattern, 6)),
+add_kernel(Kernel("adam_update", NAME, adam_update, adam_checker, "fused",
+                  pattern=LazyForms(functools.partial(adam_forms, adam_pattern, 6)),
                   outs_into=True))
-add_kernel(Kernel("adamw_update", NAME, adamw_update, _adam_checker, "fused",
-                  pattern=LazyForms(functools.partial(_adam_forms, _adamw_pattern, 7)),
+add_kernel(Kernel("adamw_update", NAME, adamw_update, adam_checker, "fused",
+                  pattern=LazyForms(functools.partial(adam_forms, adamw_pattern, 7)),
                   outs_into=True))
