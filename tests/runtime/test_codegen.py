@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import gc
 import operator
+import re
 import weakref
 
 import numpy as np
@@ -111,7 +112,8 @@ def test_dead_value_is_dropped_in_the_source():
     e = np.exp(x - x.max(-1, keepdims=True))
     np.testing.assert_allclose(f(x), e / e.sum(-1, keepdims=True) * 2 + x, rtol=1e-6)
     src = f.lower(x).compiled.source()
-    assert "v1 = k0(a0)  # 0: softmax@numpy\n" in src     # library-owned: freed after use
+    # library-owned: freed after use
+    assert re.search(r"\n    v1 = k0\(a0[^\n]*\)  # 0: softmax(\[library\])?@numpy\n", src), src
     assert "\n    del v1\n" in src
 
 

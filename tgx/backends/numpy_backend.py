@@ -19,6 +19,7 @@ from ..primitives import transfer  # noqa: F401 - registers copy_to
 from ..primitives.movement import dynamic_window
 from ..shapes import bfloat16, float16
 from .base import Backend, to_host
+from .numpy_library import last_axis_reduce, short_last_axis
 from .registry import (
     Kernel,
     add_kernel,
@@ -73,7 +74,7 @@ def _impl_hash(p) -> str:
 
 
 # -- kernels that differ from the reference (dtype-exact reductions, transfers) --------------
-_SPECIAL = {"reduce_sum", "reduce_prod", "copy_to"}
+_SPECIAL = {"reduce_sum", "reduce_prod", "copy_to", "select"}
 _MAY_ALIAS = {"convert_element_type", "copy"}
 
 
@@ -83,9 +84,61 @@ def _lowp(dtype) -> bool:
 
 @register_kernel("reduce_sum", NAME)
 def numpy_reduce_sum(x, *, axes):
+    if short_last_axis(x, axes):
+        return last_axis_reduce(np.add, x)
     if _lowp(x.dtype):
         return np.asarray(np.sum(x.astype(np.float32), axis=axes)).astype(x.dtype)
     return np.asarray(np.sum(x, axis=axes, dtype=x.dtype))
+
+
+#: the integer views of the float dtypes, for `numpy_select`'s bit masks
+_BITS = {np.dtype(np.float32): np.int32, np.dtype(np.float64): np.int64}
+#: elements from which a select of two array branches goes by bit masks (below it
+#: `np.where`'s one pass is the faster: 1.0 against 3.2 us at 512 elements)
+SELECT_BITS_MIN = 4096
+
+
+def _zero_bits(x, ints) -> bool:
+    return x.ndim == 0 and int(x.view(ints)) == 0   # +0.0 (not -0.0)
+
+
+@register_kernel("select", NAME)
+def numpy_select(pred, t, f, out=None):
+    """`where(pred, t, f)`; for float branches by bit masks: `pred` as -1 / 0 integers
+    and-ed with each branch's bits, exact for every value (inf, NaN, -0.0). `np.where`
+    branches per element: 48 us for a (256, 64) float32 ReLU gradient with a random mask,
+    where the mask takes 4.7 (a branch of +0.0, the ReLU's and a masked loss's, needs one
+    and) or 12 (two array branches). `out`: the buffer to write."""
+    ints = _BITS.get(t.dtype) if type(t) is np.ndarray and type(f) is np.ndarray else None
+    if ints is not None and type(pred) is np.ndarray and pred.dtype == np.bool_ and \
+            f.dtype == t.dtype:
+        zero_t, zero_f = _zero_bits(t, ints), _zero_bits(f, ints)
+        if zero_t or zero_f or pred.size >= SELECT_BITS_MIN:
+            shape = pred.shape
+            if t.shape not in (shape, ()) or f.shape not in (shape, ()):
+                shape = np.broadcast_shapes(shape, t.shape, f.shape)
+            res = np.empty(shape, t.dtype) if out is None else out
+            bits = res.view(ints)
+            p8 = pred.view(np.int8)
+            if zero_f:    # t where pred: its bits and -1, else 0
+                np.bitwise_and(t.view(ints), np.negative(p8), out=bits)
+            elif zero_t:  # f where not pred
+                np.bitwise_and(f.view(ints), np.subtract(p8, np.int8(1)), out=bits)
+            else:
+                keep = np.negative(p8)
+                np.bitwise_and(t.view(ints), keep, out=bits)
+                bits |= np.bitwise_and(f.view(ints), np.invert(keep))
+            return res
+    r = np.where(pred, t, f)
+    if out is None:
+        return r
+    np.copyto(out, r)
+    return out
+
+
+@register_kernel("select", NAME, variant="out", writes_out=True)
+def numpy_select_out(pred, t, f, *, out):
+    return numpy_select(pred, t, f, out)
 
 
 @register_kernel("reduce_prod", NAME)
@@ -188,6 +241,8 @@ def _sum_ok(avals, params):
 
 @register_kernel("reduce_sum", NAME, checker=_sum_ok, variant="out", writes_out=True)
 def numpy_reduce_sum_out(x, *, axes, out):
+    if short_last_axis(x, axes):
+        return last_axis_reduce(np.add, x, out)
     np.sum(x, axis=axes, dtype=x.dtype, out=out)
     return out
 

@@ -173,6 +173,8 @@ def _cast_shape(x: ShapedArray, *, new_dtype, weak_type: bool = False) -> Shaped
 def _cast_impl(x, *, new_dtype, weak_type=False):
     if x.dtype == new_dtype:
         return x
+    if new_dtype.kind == "f" and x.dtype.kind in "biuf":   # NumPy's own cast (the common case,
+        return x.astype(new_dtype)                          # first: 0.2 us, the checks 3 us)
     if is_float(x.dtype) and new_dtype.kind in "iu":
         with np.errstate(invalid="ignore"):
             return np.trunc(x.astype(np.float64)).astype(new_dtype)

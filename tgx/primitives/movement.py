@@ -61,6 +61,16 @@ def _bid_shape(x: ShapedArray, *, shape: tuple, broadcast_dimensions: tuple) -> 
 
 @broadcast_in_dim_p.def_impl
 def _bid_impl(x, *, shape, broadcast_dimensions):
+    if type(x) is np.ndarray and x.flags.c_contiguous:
+        # the read-only view np.broadcast_to makes, built directly (0.4 against 3 us: a
+        # training step's loss broadcasts its scalars and row statistics)
+        strides = [0] * len(shape)
+        for i, d in enumerate(broadcast_dimensions):
+            if x.shape[i] != 1:
+                strides[d] = x.strides[i]
+        y = np.ndarray(shape, x.dtype, x, 0, strides)
+        y.flags.writeable = False
+        return y
     expanded = [1] * len(shape)
     for i, d in enumerate(broadcast_dimensions):
         expanded[d] = x.shape[i]
