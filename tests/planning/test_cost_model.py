@@ -5,6 +5,7 @@ import pytest
 
 import tgx
 import tgx.numpy as tnp
+from tgx.backends import get_backend
 from tgx.backends.registry import kernels_for
 from tgx.planning.cost_model import (CALIBRATION_ELEMENTS, CALIBRATION_GEMM, CALIBRATION_GRAPH,
                                      CostModel, calibrate, ensure_calibrated, uncalibrated)
@@ -166,9 +167,12 @@ def test_jax_equations_are_priced_inside_a_region(store):
     assert cm.kernel(g.eqns[0], k, {"N": 1000}).seconds == pytest.approx(20e-6 - ovh)
     assert cm.switch("numpy", "jax") >= ovh
     assert cm.switch("jax", "jax") == 0.0
-    # a chain of n jax ops costs one dispatch plus n works, not n dispatches
+    # entering jax pays one dispatch (and the wake of XLA's pool after NumPy's work); a
+    # chain of n jax ops costs that dispatch plus n works, not n dispatches
+    assert cm.switch("numpy", "jax") == pytest.approx(
+        ovh + get_backend("jax").switch_in["numpy"])
     n = 5
-    chain = cm.switch("numpy", "jax") + n * cm.kernel(g.eqns[0], k, {"N": 1000}).seconds
+    chain = ovh + n * cm.kernel(g.eqns[0], k, {"N": 1000}).seconds
     assert chain < n * 20e-6
 
 
@@ -239,11 +243,12 @@ def test_contractions_in_a_jax_region_still_pay_their_bytes():
     assert est.seconds >= (1 << 22) / cm.costs("jax")[1]
 
 
-def test_fresh_store_runs_a_training_step_as_one_jax_region(tmp_path):
+def test_fresh_store_does_not_split_a_training_steps_jax_region(tmp_path):
     """Unmeasured, the cost model must not split a training step's JAX region around NumPy
     pattern kernels (it priced XLA-fused elementwise chains as op-by-op passes and each
     NumPy→JAX argument as a 40 µs device_put: lm-small ran 11.0 ms mixed, 8.0 as one
-    region)."""
+    region). This small step runs on NumPy alone (81 us a step against 150 on jax, 2-core
+    CPU, 2026-11-27); where jax is used, it is one region."""
     pytest.importorskip("jax")
     from tgx import optim
 
@@ -266,9 +271,14 @@ def test_fresh_store_runs_a_training_step_as_one_jax_region(tmp_path):
                     store=BenchmarkStore(tmp_path / "s.json"))
     plan = f.lower(params, opt.init(params), x)
     regions = [i for i in plan.compiled.instructions if i.backend == "jax"]
-    assert len(regions) == 1, plan.summary()
+    assert len(regions) <= 1, plan.summary()
     kinds = {i.label.split("@")[0] for i in plan.compiled.instructions if i.backend == "numpy"}
-    assert kinds <= {"copy_to"}, kinds
+    assert not regions or kinds <= {"copy_to"}, kinds
+    # ... and run with jax alone it is one region too
+    f = tgx.compile(step, state=("p", "s"), backends=["jax"],
+                    store=BenchmarkStore(tmp_path / "s.json"))
+    plan = f.lower(params, opt.init(params), x)
+    assert sum(i.backend == "jax" for i in plan.compiled.instructions) == 1, plan.summary()
 
 
 def test_an_unmeasured_library_composite_is_priced_as_its_parts_work():

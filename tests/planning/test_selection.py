@@ -229,3 +229,31 @@ def test_state_made_on_jax_pays_its_write_back():
     for b in [b for b in ("numpy", "torch") if backend_available(b)]:
         assert cm.state_write_back(g.outvars[0].aval, b, "numpy", {}) == 0.0
         assert select(g, [b], cm, {}, state=((0, 0),)).total == select(g, [b], cm, {}).total
+
+
+def test_values_leaving_a_jax_region_are_priced_once_per_value():
+    """`region_values`: a value a jax region makes and anything outside that region reads
+    (another backend, a later jax region, the caller) costs `region_value_s` once; so a
+    plan splitting one region in two pays for what crosses the split."""
+    pytest.importorskip("jax")
+    from tgx.backends import host_name
+    from tgx.planning.selection import _Selector
+
+    def f(x):
+        s = tnp.sin(x)
+        return tnp.exp(s) + s
+
+    g = tgx.make_graph(f)(tgx.Spec((64,)))
+    assert [e.primitive.name for e in g.eqns] == ["sin", "exp", "add"]
+    cm = CostModel()
+    sel = _Selector(["numpy", "jax"], cm, {})
+    sel.prepare(g, host_name(), 0)
+    per = cm.region_value_s("jax")
+    assert per > 0
+    assert sel.region_values(["jax", "jax", "jax"]) == pytest.approx(per)   # the result
+    # sin's value leaves for NumPy (exp) and the second region (add): one value, once
+    assert sel.region_values(["jax", "numpy", "jax"]) == pytest.approx(2 * per)
+    assert sel.region_values(["numpy", "numpy", "numpy"]) == 0.0
+    assert sel.region_values(["numpy", "jax", "numpy"]) == pytest.approx(per)
+    # ... and `total` holds them
+    assert sel.total(["jax", "numpy", "jax"])[1] >= 2 * per

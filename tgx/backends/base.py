@@ -66,6 +66,10 @@ class Backend:
     #: in place (`tgx.compile(state=)`); empty where arrays are immutable
     inplace: Mapping[str, Callable] = {}
 
+    #: for `fuses_regions`: what a value a region returns costs (its result array made, and
+    #: an argument passed where another region reads it)
+    region_value_s: float = 0.0
+
     DEFAULT_TRANSFER = (1e-5, 5e9)
 
     # -- devices ------------------------------------------------------------------------------

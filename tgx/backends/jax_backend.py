@@ -219,7 +219,14 @@ class JaxBackend(Backend):
     # torch's OpenMP workers spinning after a torch op slow what follows; priced like
     # torch → numpy, or a plan would hide the contention behind one jax op (seen: 24 ms plans
     # predicted at 2 ms)
-    switch_in = {"torch": 7.8e-3}
+    # ... and after NumPy's work XLA's pool has gone to sleep: a 256x256 jax matmul right
+    # after a NumPy add ran 74-97 us longer than alone (`calibrate`, 2-core AMX Xeon,
+    # 2026-11-27). Unpriced, an LM's training step was split into 98 pieces between jax and
+    # NumPy that ran 1.7x its one jax region
+    switch_in = {"torch": 7.8e-3, "numpy": 5.0e-5}
+    # a value a region returns: ~2 us for its jax array, ~1 us as the next region's argument
+    # (150 results: 317 us a call against 5 for one; 150 arguments: 136 against 5)
+    region_value_s = 3.0e-6
 
     def device_reason(self, device) -> str | None:
         dev = Device.parse(device)

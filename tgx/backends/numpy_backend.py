@@ -273,13 +273,19 @@ class NumpyBackend(Backend):
     transfer_in = {"torch": (1.8e-6, None), "jax": (1.0e-6, None)}
     # torch's OpenMP workers keep spinning after an op: a multi-threaded NumPy BLAS call
     # right after one ran ~8 ms slower (a 256x256 matmul after a torch add, minus both alone).
-    switch_in = {"torch": 7.8e-3}
+    # XLA's workers spin after a jax call as torch's do: a NumPy 256x256 matmul right after
+    # a jax add ran 42-52 us longer than alone (`calibrate`, 2-core AMX Xeon, 2026-11-27)
+    switch_in = {"torch": 7.8e-3, "jax": 4.5e-5}
     # ... where OpenBLAS's pool stays asleep (an elementwise ufunc, a numba loop): 1-2 µs
     # after a 64x128x256 torch GEMM alone, 16-33 µs after a 128x640x2048 one; in a plan
     # ~10 µs per switch, both ways (the demo's torch GEMMs between numba loops ran 2.5x
     # their time alone: 773 µs against 512 predicted with 2 µs; 2026-11-27, AMX Xeon).
     # Priced at 7.8 ms, torch's GEMMs and tgx's numba kernels were never in one plan
-    switch_in_light = {"torch": 1.0e-5}
+    # ... and slow the single-threaded work after them for a while: after a jax region, a
+    # (256, 64) column sum took 20 us (5 alone), and an LM step's 28 numba Adam updates 415
+    # us (~115 alone). Priced at 15 us a switch, that step ran its Adam on NumPy after its
+    # jax region, 1.16x the plan with its Adam in the region (2-core AMX Xeon, 2026-11-27)
+    switch_in_light = {"torch": 1.0e-5, "jax": 1.0e-4}
     inplace = {"dynamic_update_slice": numpy_dynamic_update_slice_inplace}
 
     def wakes_pool(self, eqn, kernel=None) -> bool:

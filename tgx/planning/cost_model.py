@@ -398,6 +398,11 @@ class CostModel:
         return Estimate(transfer_seconds(aval, src, dst, dims), "cost model",
                         f"{src}→{dst} transfer")
 
+    def region_value_s(self, backend: str) -> float:
+        """What a value a region of `backend` makes costs for being returned from its call
+        to a reader outside it (`Backend.region_value_s`; `_Selector.region_values`)."""
+        return get_backend(backend).region_value_s
+
     def state_write_back(self, aval, src: str, dst: str, dims: dict) -> float:
         """What returning a new state value made on `src` costs beyond its transfer to `dst`
         (the caller's library): where `src`'s arrays cannot be written (jax), the plan copies

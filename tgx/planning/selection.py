@@ -273,6 +273,7 @@ class _Selector:
                 if not isinstance(a, Literal):
                     self.consumers.setdefault(a.id, []).append(i)
         self.outs = {v.id for v in graph.outvars if not isinstance(v, Literal)}
+        self.fusing = [b for b in self.backends if get_backend(b).fuses_regions]
         self.aval = {v.id: v.aval for v in (*graph.invars, *graph.constvars)}
         for e in graph.eqns:
             for v in e.outvars:
@@ -374,8 +375,36 @@ class _Selector:
 
     def total(self, a) -> tuple[float, float]:
         k = sum(self.opts[i][b].estimate.seconds for i, b in enumerate(a))
-        t = sum(self.value_cost(v, a) for v in self.values()) + self.switches(a)
+        t = sum(self.value_cost(v, a) for v in self.values()) + self.switches(a) + \
+            self.region_values(a)
         return k + t, t
+
+    def region_values(self, a) -> float:
+        """What `a`'s regions of a backend that fuses them (jax: one compiled call each)
+        pay for the values they return (`CostModel.region_value_s`): every value a region
+        makes and anything outside it reads. Whole-plan only (`total`): the DP and the
+        local moves do not see it, so `solve` compares their plans with the one-backend
+        plans by `total`. Unpriced, an LM's training step was split into two jax regions
+        around its loss, ~150 activations crossing between them, and ran 6.7 ms against
+        5.9 as one region (2-core CPU, 2026-11-27)."""
+        if not self.fusing:
+            return 0.0
+        region, r = [], 0
+        for i, b in enumerate(a):
+            r += b in self.fusing and (i == 0 or a[i - 1] != b)
+            region.append(r)
+        total = 0.0
+        for vid, i in self.producer.items():
+            b = a[i]
+            if b in self.fusing and (vid in self.outs or any(
+                    region[j] != region[i] or a[j] != b for j in self.consumers.get(vid, ()))):
+                total += self.cm.region_value_s(b)
+        return total
+
+    def one_backend(self, b: str) -> list[str]:
+        """Every equation on `b`, those `b` cannot run at their cheapest elsewhere."""
+        return [b if b in o else min(o, key=lambda c, o=o: o[c].estimate.seconds)
+                for o in self.opts]
 
     # -- DP, backtrack, local improvement --------------------------------------------------
     def dp(self) -> list[str]:
@@ -540,10 +569,15 @@ class _Selector:
                         key=lambda a: self.total(a)[0])
             else:
                 a = self.frontier_dp()
+                found = [a]
                 if a is None:  # too wide: improve the DP's plan and every one-backend plan
                     seeds = [self.dp()] + [[b] * len(self.opts) for b in self.backends
                                            if all(b in o for o in self.opts)]
-                    a = min((self.improve(x) for x in seeds), key=lambda x: self.total(x)[0])
+                    found = [self.improve(x) for x in seeds]
+                # the plans of one region each, whose values crossing regions the DP and
+                # the moves did not price (`region_values`)
+                found += [self.one_backend(b) for b in self.fusing]
+                a = min(found, key=lambda x: self.total(x)[0])
             total, tr = self.total(a)
             return Selection(graph, [self.opts[i][b] for i, b in enumerate(a)], total, tr,
                              dict(self.dims), tuple(self.backends))
