@@ -16,6 +16,8 @@ import tgx
 import tgx.nn as tnn
 from tgx.backends import torch_patterns as TP
 
+from .adam_steps import check_adam_step_against_torch_optim
+
 torch = pytest.importorskip("torch")
 HAS_CUDA = torch.cuda.is_available()
 
@@ -152,41 +154,7 @@ def test_adam_step_on_torch_uses_the_fused_kernel_and_matches_torch_optim(kind):
     """A compiled Adam (AdamW) step on torch runs one `adam_update` (`adamw_update`) per
     parameter, written into the caller's state arrays, and follows `torch.optim.Adam`
     (`AdamW`) step for step."""
-    from tgx import optim
-
-    rng = np.random.default_rng(0)
-    params = {"w": rng.standard_normal((16, 8)).astype(np.float32),
-              "b": rng.standard_normal(8).astype(np.float32)}
-    x = rng.standard_normal((32, 16)).astype(np.float32)
-    opt = optim.adam(1e-2) if kind == "adam" else optim.adamw(1e-2, weight_decay=0.1)
-
-    def loss(p, x):
-        return tgx.numpy.mean(tgx.numpy.tanh(x @ p["w"] + p["b"]) ** 2)
-
-    def step(p, s, x):
-        val, grads = tgx.value_and_grad(loss)(p, x)
-        updates, s = opt.update(grads, s, p)
-        return val, (optim.apply_updates(p, updates), s)
-
-    p = {k: v.copy() for k, v in params.items()}
-    s = opt.init(p)
-    f = tgx.compile(step, state=("p", "s"), backends=["torch"])
-    tw = {k: torch.from_numpy(v.copy()).requires_grad_() for k, v in params.items()}
-    topt = (torch.optim.Adam(list(tw.values()), lr=1e-2) if kind == "adam"
-            else torch.optim.AdamW(list(tw.values()), lr=1e-2, weight_decay=0.1))
-    tx = torch.from_numpy(x)
-    w_id = id(p["w"])
-    for _ in range(5):
-        f(p, s, x)
-        topt.zero_grad()
-        torch.mean(torch.tanh(tx @ tw["w"] + tw["b"]) ** 2).backward()
-        topt.step()
-    plan = f.lower(p, s, x)
-    labels = [i.label for i in plan.compiled.instructions if f"{kind}_update" in i.label]
-    assert len(labels) == 2 and all("[into state]" in lab for lab in labels)
-    assert id(p["w"]) == w_id
-    for k in params:
-        np.testing.assert_allclose(p[k], tw[k].detach().numpy(), rtol=1e-6, atol=1e-6)
+    check_adam_step_against_torch_optim(kind, ["torch"], "fused")
 
 
 def gelu_tanh64(x):
