@@ -257,3 +257,7 @@ def test_values_leaving_a_jax_region_are_priced_once_per_value():
     assert sel.region_values(["numpy", "jax", "numpy"]) == pytest.approx(per)
     # ... and `total` holds them
     assert sel.total(["jax", "numpy", "jax"])[1] >= 2 * per
+    # a decomposition's result stays in its parent's region: not charged as returned
+    sub = _Selector(["jax"], cm, {})
+    sub.prepare(g, "jax", 1)
+    assert sub.region_values(["jax", "jax", "jax"]) == 0.0

@@ -274,6 +274,8 @@ class _Selector:
                     self.consumers.setdefault(a.id, []).append(i)
         self.outs = {v.id for v in graph.outvars if not isinstance(v, Literal)}
         self.fusing = [b for b in self.backends if get_backend(b).fuses_regions]
+        # a decomposition's outputs stay in its parent's region when the parent is there too
+        self.returned = self.outs if depth == 0 else set()
         self.aval = {v.id: v.aval for v in (*graph.invars, *graph.constvars)}
         for e in graph.eqns:
             for v in e.outvars:
@@ -396,13 +398,13 @@ class _Selector:
         total = 0.0
         for vid, i in self.producer.items():
             b = a[i]
-            if b in self.fusing and (vid in self.outs or any(
+            if b in self.fusing and (vid in self.returned or any(
                     region[j] != region[i] or a[j] != b for j in self.consumers.get(vid, ()))):
                 total += self.cm.region_value_s(b)
         return total
 
     def one_backend(self, b: str) -> list[str]:
-        """Every equation on `b`, those `b` cannot run at their cheapest elsewhere."""
+        """Every equation on `b`; one that `b` cannot run, on its cheapest other backend."""
         return [b if b in o else min(o, key=lambda c, o=o: o[c].estimate.seconds)
                 for o in self.opts]
 
@@ -561,7 +563,8 @@ class _Selector:
             getattr(self, "opts", None), getattr(self, "producer", None), \
             getattr(self, "consumers", None), getattr(self, "outs", None), \
             getattr(self, "aval", None), getattr(self, "_t", None), \
-            getattr(self, "wakes", None)
+            getattr(self, "wakes", None), getattr(self, "fusing", None), \
+            getattr(self, "returned", None)
         self.prepare(graph, home, depth)
         try:
             if brute:
@@ -583,7 +586,7 @@ class _Selector:
                              dict(self.dims), tuple(self.backends))
         finally:
             (self.graph, self.home, self.opts, self.producer, self.consumers, self.outs,
-             self.aval, self._t, self.wakes) = saved
+             self.aval, self._t, self.wakes, self.fusing, self.returned) = saved
 
 
 def select(graph: Graph, backends, cost_model: CostModel, dims: dict,
