@@ -14,8 +14,9 @@ import tgx
 import tgx.nn as tnn
 from tgx.backends.numpy_backend import (SELECT_BITS_MIN, numpy_reduce_sum,
                                         numpy_reduce_sum_out, numpy_select)
-from tgx.backends.numpy_library import (SHORT_AXIS, last_axis_reduce, numpy_log_softmax,
-                                        numpy_softmax, short_last_axis)
+from tgx.backends.numpy_library import (SHORT_AXIS, SHORT_EXTREMA_AXIS, last_axis_reduce,
+                                        numpy_log_softmax, numpy_softmax, short_last_axis)
+from tgx.backends.registry import kernels_for
 from tgx.primitives.elementwise import _cast_impl
 from tgx.primitives.movement import _bid_impl
 
@@ -88,9 +89,31 @@ def test_sums_over_a_short_last_axis_are_np_sum_bit_for_bit(lead, n, dtype, seed
     out = np.empty(want.shape, dtype)
     assert numpy_reduce_sum_out(x, axes=axes, out=out) is out
     np.testing.assert_array_equal(out, want)
-    assert short_last_axis(x, axes) == (x.ndim > 1 and 2 <= n <= SHORT_AXIS)
     if short_last_axis(x, axes):
+        assert x.ndim > 1 and 2 <= n <= SHORT_AXIS
         np.testing.assert_array_equal(last_axis_reduce(np.maximum, x), x.max(-1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(lead=st.lists(st.integers(1, 70), min_size=1, max_size=2).map(tuple),
+       n=st.integers(1, 20), dtype=st.sampled_from([np.float32, np.float64]),
+       nans=st.booleans(), seed=st.integers(0, 2**16))
+def test_extrema_over_a_short_last_axis_are_nps(lead, n, dtype, nans, seed):
+    """reduce_max / reduce_min on NumPy: over a last axis up to `SHORT_EXTREMA_AXIS` long
+    (with rows enough) a column at a time, the same values as `np.max` / `np.min`, NaN
+    included (of -0.0 and 0.0 either may come out, in NumPy's own reductions too)."""
+    rng = np.random.default_rng(seed)
+    x = rng.choice(SPECIAL if nans else SPECIAL[3:], (*lead, n)).astype(dtype)
+    x += rng.standard_normal(x.shape).astype(dtype) * (np.isfinite(x) & (x != 0))
+    axes = (x.ndim - 1,)
+    for name, ref in (("reduce_max", np.max), ("reduce_min", np.min)):
+        (k,) = kernels_for(name, "numpy")
+        np.testing.assert_array_equal(k.fn(x, axes=axes), ref(x, axis=axes))
+        if x.ndim > 1:   # another axis: NumPy's own reduction
+            np.testing.assert_array_equal(k.fn(x, axes=(0,)), ref(x, axis=0))
+    fast = short_last_axis(x, axes, SHORT_EXTREMA_AXIS)
+    assert fast == (len(lead) >= 1 and 2 <= n <= SHORT_EXTREMA_AXIS
+                    and x.size >= 16 * n * (n - 1))
 
 
 @settings(max_examples=40, deadline=None)

@@ -19,7 +19,7 @@ from ..primitives import transfer  # noqa: F401 - registers copy_to
 from ..primitives.movement import dynamic_window
 from ..shapes import bfloat16, float16
 from .base import Backend, to_host
-from .numpy_library import last_axis_reduce, short_last_axis
+from .numpy_library import SHORT_EXTREMA_AXIS, last_axis_reduce, short_last_axis
 from .registry import (
     Kernel,
     add_kernel,
@@ -74,7 +74,7 @@ def _impl_hash(p) -> str:
 
 
 # -- kernels that differ from the reference (dtype-exact reductions, transfers) --------------
-_SPECIAL = {"reduce_sum", "reduce_prod", "copy_to", "select"}
+_SPECIAL = {"reduce_sum", "reduce_prod", "reduce_max", "reduce_min", "copy_to", "select"}
 _MAY_ALIAS = {"convert_element_type", "copy"}
 
 
@@ -139,6 +139,22 @@ def numpy_select(pred, t, f, out=None):
 @register_kernel("select", NAME, variant="out", writes_out=True)
 def numpy_select_out(pred, t, f, *, out):
     return numpy_select(pred, t, f, out)
+
+
+def _extremum_kernel(name: str, ufunc):
+    reference = PRIMITIVES[name].impl
+
+    def kernel(x, *, axes):
+        if short_last_axis(x, axes, SHORT_EXTREMA_AXIS):
+            return last_axis_reduce(ufunc, x)   # the same values, NaN included
+        return reference(x, axes=axes)
+
+    kernel.__name__ = kernel.__qualname__ = f"numpy_{name}"
+    return kernel
+
+
+for _name, _ufunc in (("reduce_max", np.maximum), ("reduce_min", np.minimum)):
+    add_kernel(Kernel(_name, NAME, _extremum_kernel(_name, _ufunc), None, "default"))
 
 
 @register_kernel("reduce_prod", NAME)
