@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 import msgpack
 import numpy as np
 
-from .backends import get_backend
+from .backends import get_backend, to_callers_arrays
 from .core import Graph
 from .devices import aligned_copy, offset_of
 from .errors import TgxError
@@ -523,12 +523,14 @@ def _as_called(plan, args: list, options: PlanOptions):
     on = options.args_on
     if on is None:
         return lambda *xs: run(list(xs))
-    convert = get_backend(on).convert
+    backend = get_backend(on)
     state = {i for i, _ in options.state}
-    carry = [convert(np.array(a, copy=True) if i in state else a) for i, a in enumerate(args)]
+    carry = [backend.convert(np.array(a, copy=True) if i in state else a)
+             for i, a in enumerate(args)]
 
     def call(*_):
-        outs = run(carry, donate=True, out_backend=on)
+        # results come back in the caller's library, as `tgx.compile` returns them
+        outs = to_callers_arrays(run(carry, donate=True, out_backend=on), carry, backend)
         for i, o in options.state:
             carry[i] = outs[o]
         return outs

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends import check_backends, owning_backend
+from .backends import check_backends, owning_backend, to_callers_arrays
 from .core import Graph, find_top_trace
 from .devices import offset_of
 from .errors import BindingError, DTypeError, OptionError, ShapeError, TgxError
@@ -366,13 +366,7 @@ class _FastCall:
             b, device = self.convert
             if self.warn and any(getattr(x, "requires_grad", False) for x in leaves):
                 _warn_grad(self.fname)
-            inputs = None
-            for j, o in enumerate(outs):
-                if type(o) is np.ndarray:
-                    if inputs is None:
-                        inputs = {id(x) for x in leaves}
-                    if id(o) not in inputs:
-                        outs[j] = b.convert(o, device)
+            to_callers_arrays(outs, leaves, b, device)
         return self.unflatten(outs)
 
 
@@ -559,11 +553,8 @@ def _like_inputs(leaves: list, out: Any, fname: str) -> Any:
         warnings.warn(f"{fname} was called with torch tensors that require grad: tgx does not "
                       f"record torch autograd, so its results do not require grad (use "
                       f"tgx.grad / tgx.value_and_grad for gradients)", stacklevel=3)
-    inputs = {id(x) for x in leaves}
     out_leaves, tree = tree_flatten(out)
-    conv = [owner.convert(o, device) if isinstance(o, np.ndarray) and id(o) not in inputs
-            else o for o in out_leaves]
-    return tree_unflatten(tree, conv)
+    return tree_unflatten(tree, to_callers_arrays(out_leaves, leaves, owner, device))
 
 
 _HOST_TYPES = {np.ndarray, np.generic, int, float, bool} | {

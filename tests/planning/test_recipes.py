@@ -269,6 +269,27 @@ def test_plans_are_measured_on_the_callers_kind_of_arrays(store, tmp_path):
     assert "measured plan" in again.lower(x).policy
 
 
+def test_a_plan_is_timed_returning_the_callers_kind_of_arrays():
+    """Explore times a NumPy plan called with jax arrays as `tgx.compile` runs it: its
+    results, the new state among them, come back as jax arrays (a `device_put` each). Timed
+    with NumPy results fed back as the next call's state, the small MLP's NumPy training
+    step measured 125 us on jax arrays and ran 965 (its jax plan: 150)."""
+    jax = pytest.importorskip("jax")
+
+    def step(s, x):
+        return tnp.sum(s * x), s + x
+
+    s0, x = np.ones(8, np.float32), np.linspace(0, 1, 8).astype(np.float32)
+    c = tgx.compile(step, state="s", backends=["numpy"])
+    plan = c.lower(jax.numpy.asarray(s0), jax.numpy.asarray(x))
+    assert plan.options.args_on == "jax"
+    call = explore._as_called(plan, [s0, x], plan.options)
+    for k in range(1, 4):
+        loss, new = call()
+        assert isinstance(loss, jax.Array) and isinstance(new, jax.Array)
+        np.testing.assert_allclose(np.asarray(new), s0 + k * x, rtol=1e-6)
+
+
 def test_the_callers_library_is_known_before_tgx_loads_its_backend():
     # a fresh process: torch's tensors come before tgx has loaded its torch backend
     import subprocess

@@ -32,6 +32,7 @@ from .base import (
     primary_backend,
     register_backend,
     start_to_host,
+    to_callers_arrays,
     to_host,
     unavailable_reason,
     unregister_backend,
@@ -46,4 +47,5 @@ register_backend("jax", library="jax", module="tgx.backends.jax_backend",
 __all__ = ["Backend", "BackendSpec", "available_backends", "backend_available", "backend_of",
            "check_backends", "get_backend", "host_backend", "host_name", "load_backend",
            "owning_backend", "preference", "primary_backend", "register_backend",
-           "start_to_host", "to_host", "unavailable_reason", "unregister_backend"]
+           "start_to_host", "to_callers_arrays", "to_host", "unavailable_reason",
+           "unregister_backend"]
