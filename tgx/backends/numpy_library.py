@@ -79,7 +79,7 @@ def numpy_softmax(x, *, axis):
 @register_kernel("log_softmax", NAME, checker=_float_operands, variant="library")
 def numpy_log_softmax(x, *, axis):
     """The reference's log_softmax; over a short last axis as `numpy_softmax` (22 against
-    4 us for (256, 2) float32 logits)."""
+    6 us for (256, 2) float32 logits)."""
     if not short_last_axis(x, (axis,)):
         return _log_softmax_ref(x, axis=axis)
     s = x - last_axis_reduce(np.maximum, x)[..., None]
