@@ -49,6 +49,7 @@ from tgx.profiling.timing import round_orders
 import tgx.nn as tnn
 import tgx.numpy as tnp
 from tgx.backends import numba_patterns as NP
+from tgx.backends import get_backend
 
 D, F, EPS = 640, 2048, 1e-6
 
@@ -369,55 +370,32 @@ def adam_spec(shape=(F, D)):
             step(torch.sqrt), step(jnp.sqrt), [p, g, m, v, nss, bc2])
 
 
-def torch_contenders(name, spec, rows):
-    """A torch pattern kernel against tgx's torch plan op by op and the peers."""
+def kernel_contenders(name, spec, rows, backend="torch"):
+    """A pattern kernel of `backend` (torch's, or numba's loops on NumPy) against tgx's plan
+    on that backend op by op and the peers."""
     import torch
 
     fn, np_fn, _, _, shapes = spec
     args = shapes if isinstance(shapes, list) else draw_args(shapes, rows)
-    on = tgx.compile(fn, backends=["torch"], policy="heuristic")
-    off = tgx.compile(fn, backends=["torch"], policy="heuristic", patterns=False)
+    on = tgx.compile(fn, backends=[backend], policy="heuristic")
+    off = tgx.compile(fn, backends=[backend], policy="heuristic", patterns=False)
     plan = on.lower(*args)
     (i, k), = [(i, k) for i, k in enumerate(plan.graph.kernels) if k is not None
                and k.name == name]
     kernel = k.bind(plan.graph.eqns[i].params)
-    targs = [torch.from_numpy(np.array(a)) for a in args]
+    convert = get_backend(backend).convert
+    own = [convert(np.array(a)) for a in args]
     # the pattern's inputs the function holds as literals (Adam's constants) come last
-    lits = [torch.tensor(a.val, dtype=torch.float32) for a in plan.graph.eqns[i].invars
+    lits = [convert(np.asarray(a.val, np.float32)) for a in plan.graph.eqns[i].invars
             if isinstance(a, Literal)]
     if name == "adam_update":   # in place into its own copies of p, m, v, as in a plan
-        work = [t.clone() for t in targs]   # (later calls step on from the last one's state)
-
-        def direct():
-            return kernel(*work, *lits, outs={0: work[0], 1: work[2], 2: work[3]})
+        def direct():   # (later calls step on from the last one's state)
+            return kernel(*own, *lits, outs={0: own[0], 1: own[2], 2: own[3]})
     else:
         def direct():
-            return kernel(*targs, *lits)
-    return _checked(name, _rows(direct, on, off, spec, args, targs), np_fn, args)
-
-
-def numpy_adam_contenders(shape):
-    """numba's `adam_update` (one pass, in place into p, m, v as in a plan) against tgx's
-    NumPy plan of the step op by op and the peers."""
-    import torch
-
-    spec = adam_spec(shape)
-    fn, _, _, _, args = spec
-    on = tgx.compile(fn, backends=["numpy"], policy="heuristic")
-    off = tgx.compile(fn, backends=["numpy"], policy="heuristic", patterns=False)
-    plan = on.lower(*args)
-    (i, k), = [(i, k) for i, k in enumerate(plan.graph.kernels) if k is not None
-               and k.name == "adam_update"]
-    kernel = k.bind(plan.graph.eqns[i].params)
-    lits = [np.asarray(a.val, np.float32) for a in plan.graph.eqns[i].invars
-            if isinstance(a, Literal)]
-    work = [np.array(a) for a in args]   # later calls step on from the last one's state
-
-    def direct():
-        return kernel(*work, *lits, outs={0: work[0], 1: work[2], 2: work[3]})
-
+            return kernel(*own, *lits)
     targs = [torch.from_numpy(np.array(a)) for a in args]
-    return _checked("adam_update", _rows(direct, on, off, spec, args, targs), spec[1], args)
+    return _checked(name, _rows(direct, on, off, spec, args, targs), np_fn, args)
 
 
 def compile_cost(spec, rows) -> tuple[float, float]:
@@ -472,7 +450,8 @@ def main(argv=None) -> None:
     if not args.patterns or "adam_update" in args.patterns:
         for shape in ((F, D), (64, 2)):
             report(f"adam_update (numba), one {shape} parameter",
-                   measure(numpy_adam_contenders(shape), args.rounds))
+                   measure(kernel_contenders("adam_update", adam_spec(shape), 0, "numpy"),
+                           args.rounds))
     if not args.patterns or "rope" in args.patterns:
         for phase, rows in (("prefill", 128), ("decode", 1)):
             times = measure(rope_contenders(rows), args.rounds)
@@ -484,10 +463,10 @@ def main_torch(rounds: int) -> None:
     specs = patterns()
     for name in TORCH_PATTERNS:
         for phase, rows in (("prefill", 128), ("decode", 1)):
-            fns = torch_contenders(name, specs[name], rows)
+            fns = kernel_contenders(name, specs[name], rows)
             report(f"torch kernel: {name}, {phase} ({rows} row{'s' if rows > 1 else ''})",
                    measure(fns, rounds))
-    fns = torch_contenders("adam_update", adam_spec(), 0)
+    fns = kernel_contenders("adam_update", adam_spec(), 0)
     report(f"torch kernel: adam_update, one ({F}, {D}) parameter", measure(fns, rounds))
 
 
