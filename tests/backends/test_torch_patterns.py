@@ -56,6 +56,20 @@ def test_torch_expression_matches_float64(rows, d, eps, seed):
                                ref(x, h, w, eps, 1.0), **tol)
 
 
+@pytest.mark.parametrize("policy", ["heuristic", "fastest"])
+def test_a_norm_returned_by_a_torch_plan_matches_float64(policy):
+    """A pattern kernel whose result is the plan's own (not a workspace view) gets a fresh
+    array per call and its wildcard params only: Gemma's norm as a function's result failed
+    on torch with `rms_norm_1p() got an unexpected keyword argument 'graph'`."""
+    rng = np.random.default_rng(0)
+    h = rng.standard_normal((8, 64)).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    f = tgx.compile(lambda h, w: tnn.rms_norm(h, (64,), 1.0 + w, 1e-6), backends=["torch"],
+                    policy=policy, store=None)
+    np.testing.assert_allclose(f(h, w), ref(None, h, w, 1e-6, 1.0), rtol=2e-5, atol=2e-5)
+    assert any("rms_norm_1p" in i.label for i in f.lower(h, w).compiled.instructions)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")
 @pytest.mark.parametrize("d", [1, 31, 640, 1024, 2500])

@@ -137,6 +137,8 @@ def _cast(fn, dtype):
 def _fresh_out(kernel, params, aval, dims, backend):
     shape = tuple(eval_dim(d, dims) for d in aval.shape)
     fn, dtype = kernel.fn, aval.dtype
+    if kernel.pattern is not None:   # as `Kernel.bind`: its wildcard params, not its body
+        params = kernel.pattern_params(params)
 
     def run(*xs):
         return fn(*xs, out=backend.empty(shape, dtype, xs[0] if xs else None), **params)
